@@ -1,0 +1,101 @@
+"""The pinned llama.cpp base: fetch it from PyPI with pip, verify it, cache it, extract it.
+
+The base is the llama.cpp tree vendored in the PyPI sdist llama-cpp-python==0.3.36. Nothing is
+fetched from any other host. The verified sdist is cached (LLAMA_TQ_CACHE or ~/.cache/llama-tq),
+so a second build does not fetch it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+# Upstream commit of the vendored tree (the sdist has no git history to read it from).
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+class BaseError(RuntimeError):
+    """The pinned base could not be obtained or verified."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("LLAMA_TQ_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "llama-tq"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _pip_download(dest: Path) -> None:
+    # --no-build-isolation: pip still prepares the sdist's metadata, and with isolation (plus
+    # --no-binary :all:, which also covers build dependencies) it would compile cmake from source.
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(dest)]
+    spec = f"{SDIST_NAME}=={SDIST_VERSION}"
+    attempts = [[*base, "--no-build-isolation", spec], [*base, spec]]
+    errors = []
+    for cmd in attempts:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0 and (dest / SDIST_FILE).is_file():
+            return
+        errors.append(f"$ {' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    raise BaseError(f"pip could not download {spec}:\n" + "\n".join(errors))
+
+
+def fetch_sdist(verbose: bool = True) -> Path:
+    """Return the verified, cached sdist, downloading it with pip the first time."""
+    cached = cache_dir() / SDIST_FILE
+    if cached.is_file():
+        if sha256_of(cached) == SDIST_SHA256:
+            return cached
+        cached.unlink()  # corrupt or tampered: fetch again
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    if verbose:
+        print(f"llama-tq: fetching {SDIST_NAME}=={SDIST_VERSION} from PyPI with pip", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
+        _pip_download(Path(tmp))
+        got = Path(tmp) / SDIST_FILE
+        digest = sha256_of(got)
+        if digest != SDIST_SHA256:
+            raise BaseError(f"{SDIST_FILE}: sha256 {digest} does not match the pinned {SDIST_SHA256}")
+        os.replace(got, cached)
+    return cached
+
+
+def extract_base(dest: Path, sdist: Path | None = None) -> Path:
+    """Extract the vendored llama.cpp tree into `dest` (which must not exist yet)."""
+    sdist = sdist or fetch_sdist()
+    if dest.exists():
+        raise BaseError(f"{dest} already exists")
+    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
+    try:
+        with tarfile.open(sdist, "r:gz") as tar:
+            members = []
+            for m in tar.getmembers():
+                if m.name.startswith(VENDOR_PREFIX) and len(m.name) > len(VENDOR_PREFIX):
+                    m.name = m.name[len(VENDOR_PREFIX) :]
+                    if m.name != ".git":  # a dangling submodule gitlink in the sdist: not part of the tree
+                        members.append(m)
+            if not members:
+                raise BaseError(f"{sdist} holds no {VENDOR_PREFIX}")
+            tar.extractall(tmp, members=members, filter="data")
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest

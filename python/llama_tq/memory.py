@@ -1,0 +1,100 @@
+"""`llama_tq.memory_report()`: KV cache bytes per token and in total, per cache type, for a GGUF model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+# cache type -> (values per block, bytes per block)
+KV_TYPES: dict[str, tuple[int, int]] = {
+    "f16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "tq4": (128, 68),
+    "tq3": (128, 52),
+}
+# Architectures whose sliding-window layer pattern llama.cpp hard-codes (every n-th layer is global).
+_SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}
+
+
+@dataclass(frozen=True)
+class AttnParams:
+    arch: str
+    n_layer: int
+    n_head_kv: list[int]  # per layer
+    head_k: int
+    head_v: int
+    sliding_window: int  # 0 = none
+    swa_pattern: int  # every swa_pattern-th layer is global; 0 = all global
+
+    def is_swa(self, layer: int) -> bool:
+        return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
+    f = reader.get_field(key)
+    return default if f is None else f.contents()
+
+
+def read_attn_params(path: Path) -> AttnParams:
+    r = gguf.GGUFReader(path)
+    arch = str(_field(r, "general.architecture"))
+    n_layer = int(_field(r, f"{arch}.block_count"))  # type: ignore[arg-type]
+    n_head = _field(r, f"{arch}.attention.head_count")
+    kv = _field(r, f"{arch}.attention.head_count_kv", n_head)
+    n_head_kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * n_layer  # type: ignore[arg-type]
+    n_head0 = int(n_head[0] if isinstance(n_head, list) else n_head)  # type: ignore[arg-type, index]
+    n_embd = int(_field(r, f"{arch}.embedding_length"))  # type: ignore[arg-type]
+    head_k = int(_field(r, f"{arch}.attention.key_length", n_embd // n_head0))  # type: ignore[arg-type]
+    head_v = int(_field(r, f"{arch}.attention.value_length", head_k))  # type: ignore[arg-type]
+    window = int(_field(r, f"{arch}.attention.sliding_window", 0) or 0)  # type: ignore[arg-type]
+    return AttnParams(arch, n_layer, n_head_kv, head_k, head_v, window, _SWA_PATTERN.get(arch, 0) if window else 0)
+
+
+def row_bytes(kind: str, n_values: int) -> int | None:
+    """Bytes of one row of n_values in a cache type, or None if the row is not a whole number of blocks."""
+    per_block, nbytes = KV_TYPES[kind]
+    return None if n_values % per_block else n_values // per_block * nbytes
+
+
+def memory_report(gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512, quiet: bool = False) -> dict:
+    """Print (and return) KV bytes per token and totals for f16, q8_0, q4_0, tq4 and tq3."""
+    p = read_attn_params(Path(gguf_path))
+    rows = []
+    notes = []
+    for kind in KV_TYPES:
+        k = row_bytes(kind, p.head_k)
+        v = row_bytes(kind, p.head_v)
+        if k is None or v is None:
+            block = KV_TYPES[kind][0]
+            notes.append(f"{kind}: head size K={p.head_k}/V={p.head_v} is not a multiple of {block}: unsupported")
+            rows.append({"type": kind, "supported": False})
+            continue
+        per_layer = [(k + v) * h for h in p.n_head_kv]
+        per_token = int(np.sum(per_layer))
+        cells = [min(n_ctx, p.sliding_window + n_ubatch) if p.is_swa(i) else n_ctx for i in range(p.n_layer)]
+        total = int(sum(b * c for b, c in zip(per_layer, cells, strict=True)))
+        rows.append({"type": kind, "supported": True, "bytes_per_token": per_token, "total_bytes": total})
+    f16 = rows[0]["bytes_per_token"]
+    report = {"model": str(gguf_path), "n_ctx": n_ctx, "params": p.__dict__, "rows": rows, "notes": notes}
+    if not quiet:
+        n_swa = sum(p.is_swa(i) for i in range(p.n_layer))
+        print(
+            f"{Path(gguf_path).name}: {p.arch}, {p.n_layer} layers ({n_swa} sliding-window of {p.sliding_window}), "
+            f"KV heads {sorted(set(p.n_head_kv))}, head size K {p.head_k} / V {p.head_v}, n_ctx {n_ctx}"
+        )
+        print(f"{'type':<6} {'bytes/token':>12} {'vs f16':>7} {'KV total (MiB)':>15}")
+        for r in rows:
+            if r["supported"]:
+                ratio = f16 / r["bytes_per_token"]
+                print(f"{r['type']:<6} {r['bytes_per_token']:>12,} {ratio:>6.2f}x {r['total_bytes'] / 2**20:>15.2f}")
+            else:
+                print(f"{r['type']:<6} {'unsupported':>12}")
+        if n_swa:
+            print(f"(total: global layers hold n_ctx cells, sliding-window layers window + n_ubatch={n_ubatch})")
+        for n in notes:
+            print(f"note: {n}")
+    return report

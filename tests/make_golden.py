@@ -1,0 +1,38 @@
+"""Regenerate tests/data/golden_tq.npz from the C codec (only when the layout changes on purpose).
+
+python tests/make_golden.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from llama_tq import _codec
+
+
+def golden_inputs() -> np.ndarray:
+    rng = np.random.default_rng(2504_19874)
+    rows = [
+        rng.standard_normal(128),  # plain Gaussian
+        rng.standard_normal(128) * 1e-3 + 5.0,  # large common offset
+        np.eye(128)[17] * 3.0,  # one-hot
+        rng.laplace(size=128) * 40.0,  # heavy tails, larger scale
+        np.linspace(-1.0, 1.0, 128),  # smooth ramp
+        rng.standard_normal(128) * 1e-30,  # tiny norm
+        np.where(np.arange(128) % 3 == 0, 2.0, -0.5),  # periodic pattern
+        rng.standard_normal(128) * np.r_[np.full(4, 30.0), np.ones(124)],  # outlier channels
+    ]
+    return np.asarray(rows, dtype=np.float32)
+
+
+def main() -> None:
+    x = golden_inputs()
+    out = Path(__file__).with_name("data") / "golden_tq.npz"
+    np.savez(out, x=x, tq3=_codec.quantize(x, "tq3"), tq4=_codec.quantize(x, "tq4"))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

