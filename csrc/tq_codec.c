@@ -142,10 +142,16 @@ static float tq_load_scale(const uint8_t *block) {
 static unsigned tq_load_subs(const uint8_t *block) { return (unsigned)block[2] | ((unsigned)block[3] << 8); }
 
 /* Picks the multiplier of one sub-block: for each of the 16, nearest centroids of m * c and their squared
- * error, in a fixed order (the GPU kernels reproduce it bit for bit). Writes the indices of the winner. */
-static unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) {
-    const float *cent = tq_centroids(bits);
+ * error, in a fixed order (SIMD and GPU kernels reproduce it bit for bit). Writes the indices of the winner. */
+void tq_scaled_boundaries(int bits, float m, float *out) {
     const float *bounds = tq_boundaries(bits);
+    for (int t = 0; t < tq_levels(bits) - 1; ++t) {
+        out[t] = m * bounds[t];
+    }
+}
+
+unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) {
+    const float *cent = tq_centroids(bits);
     const int nb = tq_levels(bits) - 1;
     float sb[15];
     uint8_t cand[TQ_SUBBLOCK];
@@ -153,15 +159,16 @@ static unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) {
     unsigned best = 0;
     for (unsigned j = 0; j < 16; ++j) {
         const float m = TQ_SUBSCALE[j];
-        for (int t = 0; t < nb; ++t) {
-            sb[t] = m * bounds[t];
-        }
-        float err = 0.0f;
+        tq_scaled_boundaries(bits, m, sb);
+        /* Canonical summation order: 8 lanes (lane = i mod 8) summed in sequence, then the fixed tree
+         * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), which 8-wide SIMD reproduces exactly. */
+        float lane[8] = {0};
         for (int i = 0; i < TQ_SUBBLOCK; ++i) {
             cand[i] = tq_nearest(sb, nb, y[i]);
             const float d = y[i] - m * cent[cand[i]];
-            err += d * d;
+            lane[i & 7] += d * d;
         }
+        const float err = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
         if (err < best_err) {
             best_err = err;
             best = j;
@@ -171,7 +178,7 @@ static unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) {
     return best;
 }
 
-void tq_quantize_block(int bits, const float *x, void *block) {
+static void tq_quantize_block_with(int bits, const float *x, void *block, tq_subscale_picker pick) {
     uint8_t *out = (uint8_t *)block;
     uint8_t idx[TQ_BLOCK];
     float y[TQ_BLOCK];
@@ -197,7 +204,7 @@ void tq_quantize_block(int bits, const float *x, void *block) {
     double yc = 0.0;
     double cc = 0.0;
     for (int k = 0; k < TQ_BLOCK / TQ_SUBBLOCK; ++k) {
-        const unsigned j = tq_pick_subscale(bits, y + k * TQ_SUBBLOCK, idx + k * TQ_SUBBLOCK);
+        const unsigned j = pick(bits, y + k * TQ_SUBBLOCK, idx + k * TQ_SUBBLOCK);
         subs |= j << (4 * k);
         for (int i = k * TQ_SUBBLOCK; i < (k + 1) * TQ_SUBBLOCK; ++i) {
             const double c = (double)(TQ_SUBSCALE[j] * cent[idx[i]]);
@@ -211,6 +218,10 @@ void tq_quantize_block(int bits, const float *x, void *block) {
         s = (double)TQ_BF16_MAX;
     }
     tq_store_header(out, tq_fp32_to_bf16((float)s), (uint16_t)subs);
+}
+
+void tq_quantize_block(int bits, const float *x, void *block) {
+    tq_quantize_block_with(bits, x, block, tq_pick_subscale);
 }
 
 /* The block's reconstruction in the rotated domain, without the scale: c'_i = m_k(i) * c[idx_i]. */
@@ -235,15 +246,19 @@ void tq_dequantize_block(int bits, const void *block, float *x) {
 
 static int tq_row_ok(int bits, int64_t n) { return tq_block_bytes(bits) != 0 && n >= 0 && n % TQ_BLOCK == 0; }
 
-int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
+int tq_quantize_row_with(int bits, const float *x, void *dst, int64_t n, tq_subscale_picker pick) {
     if (!tq_row_ok(bits, n)) {
         return -1;
     }
     const size_t bb = tq_block_bytes(bits);
     for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
-        tq_quantize_block(bits, x + b * TQ_BLOCK, (uint8_t *)dst + b * bb);
+        tq_quantize_block_with(bits, x + b * TQ_BLOCK, (uint8_t *)dst + b * bb, pick ? pick : tq_pick_subscale);
     }
     return 0;
+}
+
+int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
+    return tq_quantize_row_with(bits, x, dst, n, tq_pick_subscale);
 }
 
 int tq_dequantize_row(int bits, const void *src, float *x, int64_t n) {
@@ -253,6 +268,23 @@ int tq_dequantize_row(int bits, const void *src, float *x, int64_t n) {
     const size_t bb = tq_block_bytes(bits);
     for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
         tq_dequantize_block(bits, (const uint8_t *)src + b * bb, x + b * TQ_BLOCK);
+    }
+    return 0;
+}
+
+int tq_dequantize_row_rotated(int bits, const void *src, float *x, int64_t n) {
+    if (!tq_row_ok(bits, n)) {
+        return -1;
+    }
+    const size_t bb = tq_block_bytes(bits);
+    for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
+        const uint8_t *blk = (const uint8_t *)src + b * bb;
+        float *xb = x + b * TQ_BLOCK;
+        const float s = tq_load_scale(blk);
+        tq_block_rotated(bits, blk, xb);
+        for (int i = 0; i < TQ_BLOCK; ++i) {
+            xb[i] *= s;
+        }
     }
     return 0;
 }
@@ -275,6 +307,18 @@ float tq_dot_rotated_row(int bits, const void *src, const float *q_rot, int64_t 
         total += tq_load_scale(blk) * acc;
     }
     return total;
+}
+
+void tq_rotate_row(const float *x, void *y, int64_t k) {
+    for (int64_t b = 0; b < k / TQ_BLOCK; ++b) {
+        tq_rotate(x + b * TQ_BLOCK, (float *)y + b * TQ_BLOCK);
+    }
+}
+
+void tq_unrotate_row(const void *y, float *x, int64_t k) {
+    for (int64_t b = 0; b < k / TQ_BLOCK; ++b) {
+        tq_unrotate((const float *)y + b * TQ_BLOCK, x + b * TQ_BLOCK);
+    }
 }
 
 void tq3_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row(3, x, dst, k); }

@@ -93,15 +93,30 @@ void tq_unpack_indices(int bits, const uint8_t *q, uint8_t *idx);
 void tq_quantize_block(int bits, const float *x, void *block);
 void tq_dequantize_block(int bits, const void *block, float *x);
 
+/* Step 3 for one sub-block of 32 rotated values y: writes the 32 indices, returns the multiplier index (0..15).
+ * tq_pick_subscale is the reference; a SIMD kernel may replace it in tq_quantize_row_with() only if it returns
+ * identical results (same comparisons, and the error summed in the canonical order documented in tq_codec.c). */
+typedef unsigned (*tq_subscale_picker)(int bits, const float *y, uint8_t *idx);
+/* The cell boundaries of m * c: out[t] = m * boundary[t] (float), 2^bits - 1 values. */
+void tq_scaled_boundaries(int bits, float m, float *out);
+unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx);
+
 /* Rows of n values (n a multiple of 128). Return 0, or -1 if bits or n is invalid (nothing written). */
 int tq_quantize_row(int bits, const float *x, void *dst, int64_t n);
 int tq_dequantize_row(int bits, const void *src, float *x, int64_t n);
+/* Dequantize without the inverse rotation: x = s * c' per block (what tq_dequantize_row returns, rotated by
+ * tq_rotate). Attention sums such rows and un-rotates the sum once. */
+int tq_dequantize_row_rotated(int bits, const void *src, float *x, int64_t n);
+int tq_quantize_row_with(int bits, const float *x, void *dst, int64_t n, tq_subscale_picker pick);
 
 /* <dequantize(src), q> for a row of n values when q_rot holds the query already rotated block by block
  * (tq_rotate on each 128-slice): sum over blocks of s * <c', q_rot>. No inverse rotation per key. */
 float tq_dot_rotated_row(int bits, const void *src, const float *q_rot, int64_t n);
 
-/* ggml-style fixed-type entry points (row length k, a multiple of 128). */
+/* ggml-style fixed-type entry points (row length k, a multiple of 128). tq_rotate_row / tq_unrotate_row
+ * convert between float rows and the rotated-query helper type (tq_rotate on each 128-block). */
+void tq_rotate_row(const float *x, void *y, int64_t k);
+void tq_unrotate_row(const void *y, float *x, int64_t k);
 void tq3_quantize_row(const float *x, void *dst, int64_t k);
 void tq4_quantize_row(const float *x, void *dst, int64_t k);
 void tq3_dequantize_row(const void *src, float *y, int64_t k);

@@ -21,10 +21,11 @@ def base_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def tree(base_tree: Path, tmp_path: Path) -> Path:
-    """A private copy of the parts of the base the series touches (enough for the patch applier)."""
+    """A private copy of the directories of the base that the series touches (enough for the patch applier)."""
     dst = tmp_path / "llama.cpp"
     dst.mkdir()
-    shutil.copytree(base_tree / "ggml", dst / "ggml", symlinks=True)
+    for d in ("ggml", "src", "common", "tools/llama-bench"):
+        shutil.copytree(base_tree / d, dst / d, symlinks=True)
     for name in ("CMakeLists.txt", "LICENSE"):
         shutil.copy2(base_tree / name, dst / name)
     return dst

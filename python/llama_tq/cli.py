@@ -68,6 +68,48 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ppl(args: argparse.Namespace) -> int:
+    from . import ppl
+    from .models import ModelError, default_model
+
+    try:
+        configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
+        model = args.model or default_model()
+        results = ppl.run_matrix(model, args.text, configs, ctx=args.ctx, chunks=args.chunks, threads=args.threads,
+                                 allow_noisy=args.allow_noisy, out_dir=args.out)  # fmt: skip
+    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
+        print(f"llama-tq: error: {e}", file=sys.stderr)
+        return 2
+    ppl.print_table(results, ref=args.ref)
+    meta = {"model": str(model), "text": str(args.text), "ctx": args.ctx, "chunks": args.chunks,
+            "threads": args.threads, "title": f"{Path(model).name}, -c {args.ctx} --chunks {args.chunks}"}  # fmt: skip
+    ppl.write_outputs(results, args.out, meta)
+    print(f"\nwrote {args.out}/ppl.json, ppl.csv, kld_vs_bits.png (logs in {args.out}/logs)")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench, ppl
+    from .models import ModelError, default_model
+
+    try:
+        configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
+        if args.ref not in [c.name for c in configs]:
+            raise ValueError(f"the reference {args.ref} is not among --kv")
+        model = args.model or default_model()
+        rows = bench.run(model, configs, depths=args.depths, prompt=args.prompt, gen=args.gen, reps=args.reps,
+                         rounds=args.rounds, threads=args.threads)  # fmt: skip
+    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
+        print(f"llama-tq: error: {e}", file=sys.stderr)
+        return 2
+    out = bench.table(rows, args.ref)
+    meta = {"model": str(model), "depths": args.depths, "prompt": args.prompt, "gen": args.gen, "reps": args.reps,
+            "rounds": args.rounds, "threads": args.threads, "ref": args.ref}  # fmt: skip
+    bench.write_outputs(out, rows, args.out, meta)
+    print(f"wrote {args.out}/bench.json, bench.csv")
+    return 0
+
+
 def _cmd_paths(args: argparse.Namespace) -> int:
     info = {"bin": str(paths.bin_dir()), "lib": str(paths.lib_dir()), "series": str(paths.series_root())}
     for k, v in info.items():
@@ -112,6 +154,35 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--check", action="store_true", help="only say whether it applies (and why not); change nothing")
     g.add_argument("--revert", action="store_true", help="remove the series, restoring the tree exactly")
     p.set_defaults(func=_cmd_patch)
+
+    p = sub.add_parser("ppl", help="perplexity + KLD vs f16 over a matrix of KV cache configurations")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--text", type=Path, required=True, help="evaluation text, e.g. wikitext-2 wiki.test.raw")
+    p.add_argument(
+        "--kv",
+        default="q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3",
+        help="K/V configs, comma-separated; '@rot' turns upstream's rotation on for TQ sides",
+    )
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--chunks", type=int, default=16)
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--ref", default="q4_0/q4_0", help="config the KLD ratios are relative to")
+    p.add_argument("--allow-noisy", action="store_true", help="allow fewer than 3 chunks (results are labelled)")
+    p.add_argument("--out", type=Path, default=Path("out/ppl"), help="output directory (default out/ppl)")
+    p.set_defaults(func=_cmd_ppl)
+
+    p = sub.add_parser("bench", help="llama-bench speed of KV cache configurations, as ratios to a reference")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--kv", default="f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3")
+    p.add_argument("--ref", default="q4_0/q4_0", help="config the ratios are relative to (default q4_0/q4_0)")
+    p.add_argument("--depths", "-d", default="0,4096")
+    p.add_argument("--prompt", "-p", type=int, default=512)
+    p.add_argument("--gen", "-n", type=int, default=64)
+    p.add_argument("--reps", "-r", type=int, default=3, help="llama-bench repetitions per round")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all configs")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("out/bench"))
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("paths", help="show where the tools, libraries and patch series are")
     p.set_defaults(func=_cmd_paths)

@@ -57,7 +57,7 @@ def export(tree: Path, series: patcher.Series | None = None) -> str:
         raise patcher.PatchError(f"{tree} has uncommitted changes: commit them before exporting")
     for old in series.patches:
         old.unlink()
-    out = _git(tree, "format-patch", "--zero-commit", "--no-signature", "-o", str(pdir), "base..HEAD")
+    out = _git(tree, "format-patch", "--no-numbered", "--zero-commit", "--no-signature", "-o", str(pdir), "base..HEAD")
     names = [Path(line).name for line in out.splitlines() if line.strip()]
     (pdir / "series").write_text("".join(f"{n}\n" for n in names))
     return f"exported {len(names)} patches to {pdir}"

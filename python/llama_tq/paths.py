@@ -17,6 +17,11 @@ def bin_dir() -> Path:
     return PACKAGE_DIR / "bin"
 
 
+def include_dir() -> Path:
+    """Directory with the headers of the shipped libraries (ggml*.h, llama.h, tq_codec.h)."""
+    return PACKAGE_DIR / "include"
+
+
 def series_root() -> Path:
     """Directory holding patches/ and csrc/: the source checkout when run from one, else the installed copy."""
     checkout = PACKAGE_DIR.parent.parent

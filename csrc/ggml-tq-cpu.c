@@ -1,0 +1,232 @@
+/* CPU kernels of the TQ3/TQ4 KV types: see ggml-tq-cpu.h. Compiled inside ggml-cpu with its arch flags. */
+#include "ggml-tq-cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "tq_codec.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GGML_TQ_AVX2 1
+#endif
+
+void ggml_tq_qrot_from_float(const float *x, void *y, int64_t k) { tq_rotate_row(x, y, k); }
+
+static float tq_scale_of(const uint8_t *blk) {
+    return tq_bf16_to_fp32((uint16_t)(blk[0] | (blk[1] << 8)));
+}
+
+#ifdef GGML_TQ_AVX2
+static float tq_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 centroids for 8 indices: one in-register table lookup. */
+static inline __m256 tq3_lookup(__m256 table, __m256i idx) { return _mm256_permutevar8x32_ps(table, idx); }
+
+/* 16 centroids: two 8-entry lookups, bit 3 of the index selects between them (moved to the sign bit). */
+static inline __m256 tq4_lookup(__m256 lo, __m256 hi, __m256i idx) {
+    const __m256 a = _mm256_permutevar8x32_ps(lo, idx);
+    const __m256 b = _mm256_permutevar8x32_ps(hi, idx);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* tq_pick_subscale with 8 values per instruction. Bit-identical to it: the same float comparisons against
+ * m * boundary, d = y - m * c and d * d without fused multiply-adds, and the error summed lane by lane
+ * (lane = value index mod 8) then reduced in the codec's canonical tree (tq_hsum below). */
+static unsigned tq_pick_subscale_avx2(int bits, const float *y, uint8_t *idx) {
+    const float *cent = tq_centroids(bits);
+    const float *sub = tq_subscales();
+    const int nb = (1 << bits) - 1;
+    const __m256 c_lo = _mm256_loadu_ps(cent);
+    const __m256 c_hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : c_lo;
+    const __m256i one = _mm256_set1_epi32(1);
+    __m256 yv[4];
+    for (int v = 0; v < 4; ++v) {
+        yv[v] = _mm256_loadu_ps(y + 8 * v);
+    }
+    float best_err = INFINITY;
+    unsigned best = 0;
+    __m256i best_idx[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+    float sb[15];
+    for (unsigned j = 0; j < 16; ++j) {
+        const float m = sub[j];
+        tq_scaled_boundaries(bits, m, sb);
+        const __m256 mv = _mm256_set1_ps(m);
+        __m256 acc = _mm256_setzero_ps();
+        __m256i cand[4];
+        for (int v = 0; v < 4; ++v) {
+            __m256i cnt = _mm256_setzero_si256();
+            for (int t = 0; t < nb; ++t) {
+                const __m256 gt = _mm256_cmp_ps(yv[v], _mm256_set1_ps(sb[t]), _CMP_GT_OQ);
+                cnt = _mm256_add_epi32(cnt, _mm256_and_si256(_mm256_castps_si256(gt), one));
+            }
+            cand[v] = cnt;
+            const __m256 c = bits == 4 ? tq4_lookup(c_lo, c_hi, cnt) : tq3_lookup(c_lo, cnt);
+            const __m256 d = _mm256_sub_ps(yv[v], _mm256_mul_ps(mv, c));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+        }
+        const float err = tq_hsum(acc);
+        if (err < best_err) {
+            best_err = err;
+            best = j;
+            for (int v = 0; v < 4; ++v) {
+                best_idx[v] = cand[v];
+            }
+        }
+    }
+    for (int v = 0; v < 4; ++v) {
+        int32_t tmp[8];
+        _mm256_storeu_si256((__m256i *)tmp, best_idx[v]);
+        for (int i = 0; i < 8; ++i) {
+            idx[8 * v + i] = (uint8_t)tmp[i];
+        }
+    }
+    return best;
+}
+#define TQ_PICKER tq_pick_subscale_avx2
+#else
+#define TQ_PICKER tq_pick_subscale
+#endif
+
+void ggml_tq3_from_float(const float *x, void *y, int64_t k) { tq_quantize_row_with(3, x, y, k, TQ_PICKER); }
+void ggml_tq4_from_float(const float *x, void *y, int64_t k) { tq_quantize_row_with(4, x, y, k, TQ_PICKER); }
+
+void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc) {
+    (void)bs; (void)bx; (void)by; (void)nrc;
+#ifdef GGML_TQ_AVX2
+    const uint8_t *x = (const uint8_t *)vx;
+    const float *q = (const float *)vy;
+    const float *sub = tq_subscales();
+    const __m256 table = _mm256_loadu_ps(tq_centroids(3));
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    const __m256i mask = _mm256_set1_epi32(7);
+    __m256 total = _mm256_setzero_ps();
+    for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ3_BLOCK_BYTES, q += TQ_BLOCK) {
+        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m256 blk = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int g = 4 * k; g < 4 * k + 4; ++g) { /* group g: values 8g..8g+7 in 3 bytes */
+                const int w = p[3 * g] | (p[3 * g + 1] << 8) | (p[3 * g + 2] << 16);
+                const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), mask);
+                acc = _mm256_fmadd_ps(tq3_lookup(table, idx), _mm256_loadu_ps(q + 8 * g), acc);
+            }
+            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    *s = tq_hsum(total);
+#else
+    *s = tq_dot_rotated_row(3, vx, (const float *)vy, n);
+#endif
+}
+
+void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc) {
+    (void)bs; (void)bx; (void)by; (void)nrc;
+#ifdef GGML_TQ_AVX2
+    const uint8_t *x = (const uint8_t *)vx;
+    const float *q = (const float *)vy;
+    const float *sub = tq_subscales();
+    const __m256 lo = _mm256_loadu_ps(tq_centroids(4));
+    const __m256 hi = _mm256_loadu_ps(tq_centroids(4) + 8);
+    const __m256i mask = _mm256_set1_epi32(15);
+    __m256 total = _mm256_setzero_ps();
+    for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ4_BLOCK_BYTES, q += TQ_BLOCK) {
+        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m256 blk = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            /* sub-block k holds values 32k..32k+31: low nibbles of bytes 32k.. (k < 2) or high nibbles of
+             * bytes 32(k-2).. (k >= 2) */
+            const uint8_t *bytes = p + 32 * (k & 1);
+            const int shift = k >= 2 ? 4 : 0;
+            __m256 acc = _mm256_setzero_ps();
+            for (int j = 0; j < 4; ++j) {
+                const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + 8 * j)));
+                const __m256i idx = _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(shift)), mask);
+                acc = _mm256_fmadd_ps(tq4_lookup(lo, hi, idx), _mm256_loadu_ps(q + 32 * k + 8 * j), acc);
+            }
+            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    *s = tq_hsum(total);
+#else
+    *s = tq_dot_rotated_row(4, vx, (const float *)vy, n);
+#endif
+}
+
+/* Rotated-domain row decode for the FA V path: y = s * m_k * c[idx] per value. */
+#ifdef GGML_TQ_AVX2
+static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64_t k) {
+    const float *cent = tq_centroids(bits);
+    const float *sub = tq_subscales();
+    const __m256 c_lo = _mm256_loadu_ps(cent);
+    const __m256 c_hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : c_lo;
+    const __m256i shifts3 = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    const size_t bb = tq_block_bytes(bits);
+    for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
+        const float s = tq_scale_of(x);
+        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        for (int kk = 0; kk < 4; ++kk) {
+            const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
+            for (int j = 0; j < 4; ++j) {
+                const int g = 4 * kk + j; /* 8 values 8g..8g+7 */
+                __m256 c;
+                if (bits == 3) {
+                    const int w = p[3 * g] | (p[3 * g + 1] << 8) | (p[3 * g + 2] << 16);
+                    const __m256i idx =
+                        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts3), _mm256_set1_epi32(7));
+                    c = tq3_lookup(c_lo, idx);
+                } else {
+                    const __m256i raw =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 * (kk & 1) + 8 * j)));
+                    const __m256i idx = _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(kk >= 2 ? 4 : 0)),
+                                                         _mm256_set1_epi32(15));
+                    c = tq4_lookup(c_lo, c_hi, idx);
+                }
+                _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(f, c));
+            }
+        }
+    }
+}
+#endif
+
+void ggml_tq3_to_float_rotated(const void *x, float *y, int64_t k) {
+#ifdef GGML_TQ_AVX2
+    tq_to_float_rotated_avx2(3, (const uint8_t *)x, y, k);
+#else
+    tq_dequantize_row_rotated(3, x, y, k);
+#endif
+}
+
+void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k) {
+#ifdef GGML_TQ_AVX2
+    tq_to_float_rotated_avx2(4, (const uint8_t *)x, y, k);
+#else
+    tq_dequantize_row_rotated(4, x, y, k);
+#endif
+}
+
+void ggml_tq_unrotate_inplace(float *v, int64_t n) { tq_unrotate_row(v, v, n); }
+
+ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *unrotate) {
+    switch (type) {
+        case GGML_TYPE_TQ3:
+            *unrotate = ggml_tq_unrotate_inplace;
+            return ggml_tq3_to_float_rotated;
+        case GGML_TYPE_TQ4:
+            *unrotate = ggml_tq_unrotate_inplace;
+            return ggml_tq4_to_float_rotated;
+        default:
+            return NULL;
+    }
+}

@@ -1,0 +1,101 @@
+"""`llama-tq bench`: llama-bench over KV cache configurations, with speed ratios against a reference measured in
+the same run. Configurations are interleaved round by round, so slow drifts of the machine hit all of them alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .ppl import KvConfig
+
+
+@dataclass
+class SpeedRow:
+    config: str
+    test: str  # e.g. "pp512 @ d4096"
+    tps: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tps)
+
+
+def parse_llama_bench_json(text: str) -> list[dict[str, object]]:
+    """llama-bench `-o json` output: a JSON array of test records."""
+    start = text.index("[")
+    return list(json.loads(text[start : text.rindex("]") + 1]))
+
+
+def test_name(rec: dict[str, object]) -> str:
+    n_p, n_g, d = int(rec["n_prompt"]), int(rec["n_gen"]), int(rec.get("n_depth", 0))  # type: ignore[call-overload]
+    name = f"pp{n_p}" if n_p else f"tg{n_g}"
+    return f"{name} @ d{d}"
+
+
+def run(
+    model: Path,
+    configs: list[KvConfig],
+    depths: str = "0,4096",
+    prompt: int = 512,
+    gen: int = 64,
+    reps: int = 3,
+    rounds: int = 1,
+    threads: int = 2,
+    extra: list[str] | None = None,
+) -> list[SpeedRow]:
+    exe = shutil.which("llama-bench")
+    if not exe:
+        raise FileNotFoundError("llama-bench is not on PATH (pip install llama-tq)")
+    rows: dict[tuple[str, str], SpeedRow] = {}
+    for rnd in range(rounds):
+        for i, cfg in enumerate(configs, 1):
+            print(f"[round {rnd + 1}/{rounds}] [{i}/{len(configs)}] {cfg.name}", file=sys.stderr, flush=True)
+            cmd = [exe, "-m", str(model), "-t", str(threads), "-fa", "1", "-p", str(prompt), "-n", str(gen), "-d",
+                   depths, "-r", str(reps), "-ctk", cfg.k, "-ctv", cfg.v, "-o", "json", *(extra or [])]  # fmt: skip
+            env = {**os.environ, **dict(cfg.env)} if cfg.env else None
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(f"llama-bench failed for {cfg.name}: {proc.stderr[-2000:]}")
+            for rec in parse_llama_bench_json(proc.stdout):
+                key = (cfg.name, test_name(rec))
+                samples = [float(x) for x in rec.get("samples_ts", [rec["avg_ts"]])]  # type: ignore[union-attr]
+                rows.setdefault(key, SpeedRow(cfg.name, key[1], [])).tps.extend(samples)
+    return list(rows.values())
+
+
+def table(rows: list[SpeedRow], ref: str) -> list[dict[str, object]]:
+    tests = list(dict.fromkeys(r.test for r in rows))
+    refs = {r.test: r.median for r in rows if r.config == ref}
+    out = []
+    for r in rows:
+        ratio = r.median / refs[r.test] if r.test in refs else None
+        out.append({"config": r.config, "test": r.test, "tps_median": round(r.median, 2),
+                    "tps_min": round(min(r.tps), 2), "tps_max": round(max(r.tps), 2), "n": len(r.tps),
+                    "ratio_vs_ref": None if ratio is None else round(ratio, 3)})  # fmt: skip
+    print(f"{'config':<14}" + "".join(f"{t:>22}" for t in tests))
+    for cfg in dict.fromkeys(r.config for r in rows):
+        cells = []
+        for t in tests:
+            row = next((o for o in out if o["config"] == cfg and o["test"] == t), None)
+            cells.append("-" if row is None else f"{row['tps_median']:.1f} ({row['ratio_vs_ref'] or 0:.2f}x)")
+        print(f"{cfg:<14}" + "".join(f"{c:>22}" for c in cells))
+    print(f"(tokens/s, median of all samples; ratio vs {ref} in the same run)")
+    return out
+
+
+def write_outputs(out: list[dict[str, object]], rows: list[SpeedRow], out_dir: Path, meta: dict[str, object]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples = [asdict(r) for r in rows]
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "table": out, "samples": samples}, indent=2) + "\n")
+    with (out_dir / "bench.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out[0]))
+        w.writeheader()
+        w.writerows(out)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Patch your own llama.cpp tree with llama-tq's series and build its tools with plain cmake.
+#   usage: scripts/patch_and_build.sh LLAMA_CPP_DIR [BUILD_DIR] [extra cmake args...]
+# Needs the `llama-tq` command (pip install .). Writes patch_and_build_results.txt in the current directory
+# and exits non-zero if the series does not apply or the build fails.
+set -euo pipefail
+
+if [ $# -lt 1 ]; then
+    echo "usage: $0 LLAMA_CPP_DIR [BUILD_DIR] [extra cmake args...]" >&2
+    exit 2
+fi
+src=$1
+build=${2:-$src/build-tq}
+shift $(( $# >= 2 ? 2 : 1 ))
+results=patch_and_build_results.txt
+
+llama-tq patch "$src" --check | tee "$results"
+llama-tq patch "$src" | tee -a "$results"
+
+flags=()
+# GGML_NATIVE enables AMX on CPUs that have it, and ggml's AMX path segfaults on the machines we build on.
+if echo 'int main(void){return 0;}' | cc -x c -mno-amx-tile -o /dev/null - 2>/dev/null; then
+    flags+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
+start=$(date +%s)
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF "${flags[@]}" "$@"
+cmake --build "$build" -j "$(nproc)" --target llama-perplexity llama-completion llama-bench
+echo "build wall time: $(( $(date +%s) - start )) s" | tee -a "$results"
+"$build/bin/llama-completion" --version 2>&1 | tee -a "$results"

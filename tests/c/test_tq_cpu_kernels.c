@@ -1,0 +1,63 @@
+/* The CPU backend's TQ kernels (csrc/ggml-tq-cpu.c) against the codec, outside ggml: the SIMD quantizer must
+ * produce the codec's bytes exactly, and the rotated-domain dot products must match the codec's within float
+ * tolerance. Built by tests/test_c_codec.py with -march=native (where the host has AVX2, the SIMD paths run). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml-tq-cpu.h"
+#include "tq_codec.h"
+
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 16777216.0f - 0.5f;
+}
+
+int main(void) {
+    enum { N = 1024, ROWS = 400 };
+    static float x[N], q[N], qrot[N], vr[N], vref[N];
+    static uint8_t a[N / TQ_BLOCK * TQ4_BLOCK_BYTES], b[N / TQ_BLOCK * TQ4_BLOCK_BYTES];
+    unsigned seed = 99;
+    int failures = 0;
+    for (int bits = 3; bits <= 4; ++bits) {
+        const size_t nbytes = N / TQ_BLOCK * tq_block_bytes(bits);
+        int mismatched_rows = 0;
+        double worst = 0;
+        for (int r = 0; r < ROWS; ++r) {
+            const float scale = (r % 7 == 0) ? 1e-3f : (r % 5 == 0 ? 300.0f : 1.0f);
+            for (int i = 0; i < N; ++i) {
+                x[i] = scale * (frand(&seed) + (i % 37 == 0 ? 4.0f * frand(&seed) : 0.0f));
+                q[i] = frand(&seed);
+            }
+            tq_quantize_row(bits, x, a, N);
+            (bits == 3 ? ggml_tq3_from_float : ggml_tq4_from_float)(x, b, N);
+            mismatched_rows += memcmp(a, b, nbytes) != 0;
+            ggml_tq_qrot_from_float(q, qrot, N);
+            float got;
+            (bits == 3 ? ggml_vec_dot_tq3_qrot : ggml_vec_dot_tq4_qrot)(N, &got, 0, a, 0, qrot, 0, 1);
+            const float want = tq_dot_rotated_row(bits, a, qrot, N);
+            const double err = fabs((double)got - want) / (fabs((double)want) + 1e-3 * scale);
+            worst = err > worst ? err : worst;
+            /* FA's V path: rotated rows, un-rotated afterwards, give the codec's dequantization */
+            ggml_tq_unrotate_t unrot = NULL;
+            ggml_to_float_t to_rot = ggml_tq_fa_v_to_float(bits == 3 ? GGML_TYPE_TQ3 : GGML_TYPE_TQ4, &unrot);
+            to_rot(a, vr, N);
+            unrot(vr, N);
+            tq_dequantize_row(bits, a, vref, N);
+            double dmax = 0, rmax = 0;
+            for (int i = 0; i < N; ++i) {
+                dmax = fmax(dmax, fabs((double)vr[i] - vref[i]));
+                rmax = fmax(rmax, fabs((double)vref[i]));
+            }
+            worst = dmax / rmax > worst ? dmax / rmax : worst;
+        }
+        printf("tq%d: %d/%d rows differ from the codec's bytes, worst dot / V-row rel err %.2e\n", bits, mismatched_rows,
+               ROWS, worst);
+        failures += mismatched_rows != 0;
+        failures += worst > 1e-4;
+    }
+    ggml_tq_unrotate_t unrot = NULL;
+    failures += ggml_tq_fa_v_to_float(GGML_TYPE_Q8_0, &unrot) != NULL || unrot != NULL;
+    return failures ? 1 : 0;
+}
