@@ -8,12 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from .binding import GGML_TYPE_TQ3, GGML_TYPE_TQ4, llama_cpp
 from .paths import bin_dir, include_dir, lib_dir
 
 __version__ = "0.1.0"
 
 _CODEC_NAMES = {"quantize", "dequantize", "rotate", "unrotate", "codebook", "signs", "dot_rotated"}
-__all__ = ["bin_dir", "include_dir", "lib_dir", "memory_report", "validate", *sorted(_CODEC_NAMES)]
+__all__ = [
+    "GGML_TYPE_TQ3",
+    "GGML_TYPE_TQ4",
+    "bin_dir",
+    "include_dir",
+    "lib_dir",
+    "llama_cpp",
+    "memory_report",
+    "validate",
+    *sorted(_CODEC_NAMES),
+]
 
 
 def __getattr__(name: str) -> Any:

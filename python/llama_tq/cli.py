@@ -110,6 +110,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_python_binding(args: argparse.Namespace) -> int:
+    from .binding import install_llama_cpp_python
+
+    try:
+        print(install_llama_cpp_python())
+    except RuntimeError as e:
+        print(f"llama-tq: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_paths(args: argparse.Namespace) -> int:
     info = {"bin": str(paths.bin_dir()), "lib": str(paths.lib_dir()), "series": str(paths.series_root())}
     for k, v in info.items():
@@ -183,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", "-t", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("python-binding", help="install the matching llama-cpp-python, bound to these libraries")
+    p.set_defaults(func=_cmd_python_binding)
 
     p = sub.add_parser("paths", help="show where the tools, libraries and patch series are")
     p.set_defaults(func=_cmd_paths)

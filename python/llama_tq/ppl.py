@@ -108,7 +108,8 @@ def parse_perplexity_log(log: str) -> dict[str, float]:
 
 
 def _progress(line: str, label: str, n_chunks: int) -> None:
-    m = re.findall(r"\[(\d+)\]", line)
+    """Normal mode prints `[n]ppl,` per chunk; KLD mode prints a table row per chunk starting with n."""
+    m = re.findall(r"\[(\d+)\]", line) or re.findall(r"^\s*(\d+)\s+[0-9.]+\s+±", line)
     if m:
         print(f"\r  {label}: chunk {m[-1]}/{n_chunks}", end="", file=sys.stderr, flush=True)
 
