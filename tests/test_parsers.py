@@ -39,6 +39,7 @@ def test_kv_config_parsing() -> None:
     assert ppl.KvConfig.parse("tq4").name == "tq4/tq4"
     rot = ppl.KvConfig.parse("tq4/tq4@rot")
     assert rot.env == (("LLAMA_TQ_ATTN_ROT", "1"),) and rot.name == "tq4/tq4@rot"
+    assert ppl.KvConfig.parse("tq3/tq3@rotk").env == (("LLAMA_TQ_ATTN_ROT", "k"),)
     with pytest.raises(ValueError, match="unknown cache type 'tq5'"):
         ppl.KvConfig.parse("tq5/tq3")
     with pytest.raises(ValueError, match="unknown option"):

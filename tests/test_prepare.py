@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import shutil
 from pathlib import Path
 
@@ -58,6 +60,27 @@ def test_edited_csrc_is_refreshed_without_re_extracting(tree: Path, tmp_path: Pa
     assert "up to date (1 csrc files refreshed)" in msg
     assert (dest / "ggml/src/tq/tq_codec.c").read_text().endswith("/* edited */\n")
     assert marker.is_file()
+
+
+def test_changed_series_touches_only_changed_files(tree: Path, tmp_path: Path) -> None:
+    """A new patch in the series re-prepares the tree, but files it does not change keep their mtime."""
+    good = patcher.load_series()
+    root = tmp_path / "series"
+    shutil.copytree(good.root / "patches", root / "patches")
+    shutil.copytree(good.root / "csrc", root / "csrc")
+    dest = tmp_path / "build" / "llama.cpp-src"
+    prepare.prepare(dest, src=tree, series=patcher.load_series(root))
+    untouched = dest / "ggml" / "src" / "ggml-alloc.c"
+    os.utime(untouched, (1_000_000, 1_000_000))
+    lic = (tree / "LICENSE").read_text().splitlines(keepends=True)
+    diff = difflib.unified_diff(lic, [*lic, "extra line\n"], "a/LICENSE", "b/LICENSE")
+    (root / "patches" / "0099-license.patch").write_text("diff --git a/LICENSE b/LICENSE\n" + "".join(diff))
+    with (root / "patches" / "series").open("a") as f:
+        f.write("0099-license.patch\n")
+    msg = prepare.prepare(dest, src=tree, series=patcher.load_series(root))
+    assert "1 files changed in the prepared tree" in msg
+    assert (dest / "LICENSE").read_text().endswith("extra line\n")
+    assert untouched.stat().st_mtime == 1_000_000
 
 
 def test_user_tree_that_does_not_take_the_series(tree: Path, tmp_path: Path) -> None:

@@ -28,11 +28,21 @@ class ProtocolError(ValueError):
     """A run that would not meet the measurement protocol."""
 
 
+# "@option" suffixes of a config: the environment they set for llama.cpp
+_OPTIONS = {
+    "rot": ("LLAMA_TQ_ATTN_ROT", "1"),  # upstream's Hadamard attention rotation also on TQ K and V
+    "rotk": ("LLAMA_TQ_ATTN_ROT", "k"),  # ... on TQ K only
+    "rotv": ("LLAMA_TQ_ATTN_ROT", "v"),  # ... on TQ V only
+    "tqnorot": ("LLAMA_TQ_ATTN_ROT", "0"),  # ... on neither
+    "norot": ("LLAMA_ATTN_ROT_DISABLE", "1"),  # upstream's rotation off for every type
+}
+
+
 @dataclass(frozen=True)
 class KvConfig:
     k: str
     v: str
-    env: tuple[tuple[str, str], ...] = ()  # extra environment, e.g. LLAMA_TQ_ATTN_ROT=1 ("tq4/tq4@rot")
+    env: tuple[tuple[str, str], ...] = ()  # extra environment from "@option" suffixes, e.g. "tq4/tq4@rot"
 
     @classmethod
     def parse(cls, spec: str) -> KvConfig:
@@ -45,17 +55,14 @@ class KvConfig:
                 raise ValueError(f"unknown cache type '{t}' in '{spec}' (known: {', '.join(BITS)})")
         env: list[tuple[str, str]] = []
         for o in filter(None, opts.split("+")):
-            if o == "rot":
-                env.append(("LLAMA_TQ_ATTN_ROT", "1"))
-            elif o == "norot":
-                env.append(("LLAMA_ATTN_ROT_DISABLE", "1"))
-            else:
-                raise ValueError(f"unknown option '@{o}' in '{spec}' (known: @rot, @norot)")
+            if o not in _OPTIONS:
+                raise ValueError(f"unknown option '@{o}' in '{spec}' (known: {', '.join('@' + k for k in _OPTIONS)})")
+            env.append(_OPTIONS[o])
         return cls(k, v, tuple(env))
 
     @property
     def name(self) -> str:
-        opts = "+".join("rot" if k == "LLAMA_TQ_ATTN_ROT" else "norot" for k, _ in self.env)
+        opts = "+".join(next(k for k, val in _OPTIONS.items() if val == e) for e in self.env)
         return f"{self.k}/{self.v}" + (f"@{opts}" if opts else "")
 
     @property

@@ -5,8 +5,9 @@
 Without --src (and without LLAMA_TQ_LLAMA_SRC in the environment) the pinned base is used: fetched
 with pip once, verified by sha256, cached. With a user's tree, its series check runs first and the tree
 is copied, never modified. A stamp (hash of the patches and the base's identity) makes re-configuring a
-no-op when they did not change; edited csrc/ files are refreshed in place, so only they recompile. After
-changing your own tree, delete the build directory to copy it again.
+no-op when they did not change; edited csrc/ files are refreshed in place, and a changed series is prepared
+aside and synced in file by file, so only what changed recompiles. After changing your own tree, delete the
+build directory to copy it again.
 """
 
 from __future__ import annotations
@@ -44,6 +45,35 @@ def _sync_installed_files(dest: Path, series: patcher.Series) -> int:
     return n
 
 
+def _sync_tree(new: Path, old: Path) -> int:
+    """Make `old` identical to `new`, touching only files whose content or mode differ, so that an incremental
+    build recompiles just what a changed patch changed. Returns the number of files written or removed."""
+    changed = 0
+    seen: set[str] = set()
+    for dirpath, _, files in os.walk(new):
+        for f in files:
+            n = Path(dirpath) / f
+            rel = str(n.relative_to(new))
+            seen.add(rel)
+            o = old / rel
+            same = (o.is_file() and not o.is_symlink() and n.stat().st_mode == o.stat().st_mode
+                    and n.read_bytes() == o.read_bytes())  # fmt: skip
+            if not same:
+                o.parent.mkdir(parents=True, exist_ok=True)
+                if o.is_symlink() or o.exists():
+                    o.unlink()
+                shutil.copy2(n, o, follow_symlinks=False)
+                os.utime(o, follow_symlinks=False)
+                changed += 1
+    for dirpath, _, files in os.walk(old):
+        for f in files:
+            o = Path(dirpath) / f
+            if str(o.relative_to(old)) not in seen:
+                o.unlink()
+                changed += 1
+    return changed
+
+
 def _touch_all(root: Path) -> None:
     """Give every file the current mtime: extraction keeps archive mtimes, which can be older than the
     objects of a previous build in the same build directory, and the build would then skip them."""
@@ -67,15 +97,22 @@ def prepare(dest: Path, src: Path | None = None, series: patcher.Series | None =
         n = _sync_installed_files(dest, series)
         return f"{dest} is up to date" + (f" ({n} csrc files refreshed)" if n else "")
     stamp.unlink(missing_ok=True)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(dest.name + ".new")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.parent.mkdir(parents=True, exist_ok=True)
     if src is None:
-        base.extract_base(dest)
+        base.extract_base(staging)
     else:
-        shutil.copytree(src, dest, symlinks=True, ignore=_COPY_IGNORE)
-    msg = patcher.apply(dest, series)
-    _touch_all(dest)
+        shutil.copytree(src, staging, symlinks=True, ignore=_COPY_IGNORE)
+    msg = patcher.apply(staging, series)
+    if dest.is_dir():
+        changed = _sync_tree(staging, dest)
+        shutil.rmtree(staging)
+        msg += f"; {changed} files changed in the prepared tree"
+    else:
+        os.replace(staging, dest)
+        _touch_all(dest)
     stamp.write_text(digest)
     origin = src or f"{base.SDIST_NAME}=={base.SDIST_VERSION} (sha256 verified)"
     return f"prepared {dest} from {origin}: {msg}"
