@@ -35,6 +35,20 @@ static inline __m256 tq4_lookup(__m256 lo, __m256 hi, __m256i idx) {
     return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
+/* The 8 indices of values 8g..8g+7 of a tq3 block (group g: 3 bytes). */
+static inline __m256i tq3_indices8(const uint8_t *q, int g) {
+    const int w = q[3 * g] | (q[3 * g + 1] << 8) | (q[3 * g + 2] << 16);
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(7));
+}
+
+/* The 8 indices of values 32k+8j..32k+8j+7 of a tq4 block: low nibbles of bytes 32(k&1)+8j.. for k < 2, high
+ * nibbles for k >= 2 (byte j holds values j and j+64). */
+static inline __m256i tq4_indices8(const uint8_t *q, int k, int j) {
+    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 32 * (k & 1) + 8 * j)));
+    return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm256_set1_epi32(15));
+}
+
 /* tq_pick_subscale with 8 values per instruction. Bit-identical to it: the same float comparisons against
  * m * boundary, d = y - m * c and d * d without fused multiply-adds, and the error summed lane by lane
  * (lane = value index mod 8) then reduced in the codec's canonical tree (tq_hsum below). */
@@ -104,8 +118,6 @@ void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
     const float *q = (const float *)vy;
     const float *sub = tq_subscales();
     const __m256 table = _mm256_loadu_ps(tq_centroids(3));
-    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
-    const __m256i mask = _mm256_set1_epi32(7);
     __m256 total = _mm256_setzero_ps();
     for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ3_BLOCK_BYTES, q += TQ_BLOCK) {
         const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
@@ -114,9 +126,7 @@ void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
         for (int k = 0; k < 4; ++k) {
             __m256 acc = _mm256_setzero_ps();
             for (int g = 4 * k; g < 4 * k + 4; ++g) { /* group g: values 8g..8g+7 in 3 bytes */
-                const int w = p[3 * g] | (p[3 * g + 1] << 8) | (p[3 * g + 2] << 16);
-                const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), mask);
-                acc = _mm256_fmadd_ps(tq3_lookup(table, idx), _mm256_loadu_ps(q + 8 * g), acc);
+                acc = _mm256_fmadd_ps(tq3_lookup(table, tq3_indices8(p, g)), _mm256_loadu_ps(q + 8 * g), acc);
             }
             blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
         }
@@ -136,22 +146,16 @@ void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
     const float *sub = tq_subscales();
     const __m256 lo = _mm256_loadu_ps(tq_centroids(4));
     const __m256 hi = _mm256_loadu_ps(tq_centroids(4) + 8);
-    const __m256i mask = _mm256_set1_epi32(15);
     __m256 total = _mm256_setzero_ps();
     for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ4_BLOCK_BYTES, q += TQ_BLOCK) {
         const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
         const uint8_t *p = x + TQ_HEADER_BYTES;
         __m256 blk = _mm256_setzero_ps();
         for (int k = 0; k < 4; ++k) {
-            /* sub-block k holds values 32k..32k+31: low nibbles of bytes 32k.. (k < 2) or high nibbles of
-             * bytes 32(k-2).. (k >= 2) */
-            const uint8_t *bytes = p + 32 * (k & 1);
-            const int shift = k >= 2 ? 4 : 0;
             __m256 acc = _mm256_setzero_ps();
             for (int j = 0; j < 4; ++j) {
-                const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + 8 * j)));
-                const __m256i idx = _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(shift)), mask);
-                acc = _mm256_fmadd_ps(tq4_lookup(lo, hi, idx), _mm256_loadu_ps(q + 32 * k + 8 * j), acc);
+                const __m256 c = tq4_lookup(lo, hi, tq4_indices8(p, k, j));
+                acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(q + 32 * k + 8 * j), acc);
             }
             blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
         }
@@ -170,7 +174,6 @@ static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64
     const float *sub = tq_subscales();
     const __m256 c_lo = _mm256_loadu_ps(cent);
     const __m256 c_hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : c_lo;
-    const __m256i shifts3 = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
     const size_t bb = tq_block_bytes(bits);
     for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
         const float s = tq_scale_of(x);
@@ -180,19 +183,8 @@ static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64
             const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
             for (int j = 0; j < 4; ++j) {
                 const int g = 4 * kk + j; /* 8 values 8g..8g+7 */
-                __m256 c;
-                if (bits == 3) {
-                    const int w = p[3 * g] | (p[3 * g + 1] << 8) | (p[3 * g + 2] << 16);
-                    const __m256i idx =
-                        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts3), _mm256_set1_epi32(7));
-                    c = tq3_lookup(c_lo, idx);
-                } else {
-                    const __m256i raw =
-                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 * (kk & 1) + 8 * j)));
-                    const __m256i idx = _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(kk >= 2 ? 4 : 0)),
-                                                         _mm256_set1_epi32(15));
-                    c = tq4_lookup(c_lo, c_hi, idx);
-                }
+                const __m256 c = bits == 3 ? tq3_lookup(c_lo, tq3_indices8(p, g))
+                                           : tq4_lookup(c_lo, c_hi, tq4_indices8(p, kk, j));
                 _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(f, c));
             }
         }
