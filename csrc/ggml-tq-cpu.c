@@ -10,10 +10,25 @@
 #include <immintrin.h>
 #define GGML_TQ_AVX2 1
 #endif
+/* AVX-512 (F is enough): 16 lanes per instruction, and a 16-entry in-register table lookup (vpermps) that
+ * serves tq4's codebook without the two-lookup blend AVX2 needs. */
+#if defined(GGML_TQ_AVX2) && defined(__AVX512F__)
+#define GGML_TQ_AVX512 1
+#endif
+
+const char *ggml_tq_cpu_isa(void) {
+#if defined(GGML_TQ_AVX512)
+    return "avx512";
+#elif defined(GGML_TQ_AVX2)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
 
 void ggml_tq_qrot_from_float(const float *x, void *y, int64_t k) { tq_rotate_row(x, y, k); }
 
-static float tq_scale_of(const uint8_t *blk) {
+static inline float tq_scale_of(const uint8_t *blk) {
     return tq_bf16_to_fp32((uint16_t)(blk[0] | (blk[1] << 8)));
 }
 
@@ -49,6 +64,7 @@ static inline __m256i tq4_indices8(const uint8_t *q, int k, int j) {
     return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm256_set1_epi32(15));
 }
 
+#ifndef GGML_TQ_AVX512 /* superseded there */
 /* tq_pick_subscale with 8 values per instruction. Bit-identical to it: the same float comparisons against
  * m * boundary, d = y - m * c and d * d without fused multiply-adds, and the error summed lane by lane
  * (lane = value index mod 8) then reduced in the codec's canonical tree (tq_hsum below). */
@@ -103,6 +119,117 @@ static unsigned tq_pick_subscale_avx2(int bits, const float *y, uint8_t *idx) {
     }
     return best;
 }
+#endif /* !GGML_TQ_AVX512 */
+#endif
+
+#ifdef GGML_TQ_AVX512
+/* The 16 indices of values 16h..16h+15 of a tq3 block (groups 2h and 2h+1, 6 bytes). */
+static inline __m512i tq3_indices16(const uint8_t *q, int h) {
+    const uint8_t *p = q + 6 * h;
+    const int w0 = p[0] | (p[1] << 8) | (p[2] << 16);
+    const int w1 = p[3] | (p[4] << 8) | (p[5] << 16);
+    const __m512i w = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(w0), _mm512_set1_epi32(w1));
+    const __m512i shifts = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 0, 3, 6, 9, 12, 15, 18, 21);
+    return _mm512_and_si512(_mm512_srlv_epi32(w, shifts), _mm512_set1_epi32(7));
+}
+
+/* The 16 indices of values 32k+16h..32k+16h+15 of a tq4 block (see tq4_indices8). */
+static inline __m512i tq4_indices16(const uint8_t *q, int k, int h) {
+    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * (k & 1) + 16 * h)));
+    return _mm512_and_si512(_mm512_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm512_set1_epi32(15));
+}
+
+/* Lanes 8..15 (AVX512F only: the f32x8 extract needs DQ). */
+static inline __m256 tq_upper8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+/* The codebook as a 16-entry table (tq3's 8 centroids repeated: its indices are < 8). */
+static inline __m512 tq_table16(int bits) {
+    const __m256 lo = _mm256_loadu_ps(tq_centroids(bits));
+    return bits == 4 ? _mm512_loadu_ps(tq_centroids(4)) : _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(lo), 1));
+}
+
+static inline __m512 tq_lookup16(int bits, __m512 table, const uint8_t *q, int k, int h) {
+    return _mm512_permutexvar_ps(bits == 3 ? tq3_indices16(q, 2 * k + h) : tq4_indices16(q, k, h), table);
+}
+
+/* tq_pick_subscale, 16 values per instruction, bit-identical to it: the AVX2 picker's comparisons and
+ * products, and the lane-by-lane error (lane = value index mod 8) rebuilt in the same order before the
+ * canonical reduction: ((d0 + d1) + d2) + d3 for the four 8-value runs. */
+static unsigned tq_pick_subscale_avx512(int bits, const float *y, uint8_t *idx) {
+    const float *sub = tq_subscales();
+    const int nb = (1 << bits) - 1;
+    const __m512 table = tq_table16(bits);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512 y0 = _mm512_loadu_ps(y), y1 = _mm512_loadu_ps(y + 16);
+    float best_err = INFINITY;
+    unsigned best = 0;
+    __m512i best0 = _mm512_setzero_si512(), best1 = _mm512_setzero_si512();
+    float sb[15];
+    for (unsigned j = 0; j < 16; ++j) {
+        const float m = sub[j];
+        tq_scaled_boundaries(bits, m, sb);
+        const __m512 mv = _mm512_set1_ps(m);
+        __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512();
+        for (int t = 0; t < nb; ++t) { /* linear count: independent compares beat a binary search's chain */
+            const __m512 b = _mm512_set1_ps(sb[t]);
+            c0 = _mm512_mask_add_epi32(c0, _mm512_cmp_ps_mask(y0, b, _CMP_GT_OQ), c0, one);
+            c1 = _mm512_mask_add_epi32(c1, _mm512_cmp_ps_mask(y1, b, _CMP_GT_OQ), c1, one);
+        }
+        const __m512 d0 = _mm512_sub_ps(y0, _mm512_mul_ps(mv, _mm512_permutexvar_ps(c0, table)));
+        const __m512 d1 = _mm512_sub_ps(y1, _mm512_mul_ps(mv, _mm512_permutexvar_ps(c1, table)));
+        const __m512 e0 = _mm512_mul_ps(d0, d0), e1 = _mm512_mul_ps(d1, d1);
+        __m256 acc = _mm256_add_ps(_mm512_castps512_ps256(e0), tq_upper8(e0));
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e1));
+        acc = _mm256_add_ps(acc, tq_upper8(e1));
+        const float err = tq_hsum(acc);
+        if (err < best_err) {
+            best_err = err;
+            best = j;
+            best0 = c0;
+            best1 = c1;
+        }
+    }
+    _mm_storeu_si128((__m128i *)idx, _mm512_cvtepi32_epi8(best0));
+    _mm_storeu_si128((__m128i *)(idx + 16), _mm512_cvtepi32_epi8(best1));
+    return best;
+}
+
+static float tq_dot_avx512(int bits, int n, const uint8_t *x, const float *q) {
+    const float *sub = tq_subscales();
+    const __m512 table = tq_table16(bits);
+    const size_t bb = tq_block_bytes(bits);
+    __m512 total = _mm512_setzero_ps();
+    for (int b = 0; b < n / TQ_BLOCK; ++b, x += bb, q += TQ_BLOCK) {
+        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m512 blk = _mm512_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            __m512 acc = _mm512_mul_ps(tq_lookup16(bits, table, p, k, 0), _mm512_loadu_ps(q + 32 * k));
+            acc = _mm512_fmadd_ps(tq_lookup16(bits, table, p, k, 1), _mm512_loadu_ps(q + 32 * k + 16), acc);
+            blk = _mm512_fmadd_ps(_mm512_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm512_fmadd_ps(_mm512_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    return _mm512_reduce_add_ps(total);
+}
+
+static void tq_to_float_rotated_avx512(int bits, const uint8_t *x, float *y, int64_t k) {
+    const float *sub = tq_subscales();
+    const __m512 table = tq_table16(bits);
+    const size_t bb = tq_block_bytes(bits);
+    for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
+        const float s = tq_scale_of(x);
+        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        for (int kk = 0; kk < 4; ++kk) {
+            const __m512 f = _mm512_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
+            _mm512_storeu_ps(y + 32 * kk, _mm512_mul_ps(f, tq_lookup16(bits, table, p, kk, 0)));
+            _mm512_storeu_ps(y + 32 * kk + 16, _mm512_mul_ps(f, tq_lookup16(bits, table, p, kk, 1)));
+        }
+    }
+}
+#define TQ_PICKER tq_pick_subscale_avx512
+#elif defined(GGML_TQ_AVX2)
 #define TQ_PICKER tq_pick_subscale_avx2
 #else
 #define TQ_PICKER tq_pick_subscale
@@ -113,7 +240,9 @@ void ggml_tq4_from_float(const float *x, void *y, int64_t k) { tq_quantize_row_w
 
 void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
-#ifdef GGML_TQ_AVX2
+#if defined(GGML_TQ_AVX512)
+    *s = tq_dot_avx512(3, n, (const uint8_t *)vx, (const float *)vy);
+#elif defined(GGML_TQ_AVX2)
     const uint8_t *x = (const uint8_t *)vx;
     const float *q = (const float *)vy;
     const float *sub = tq_subscales();
@@ -140,7 +269,9 @@ void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
 
 void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
-#ifdef GGML_TQ_AVX2
+#if defined(GGML_TQ_AVX512)
+    *s = tq_dot_avx512(4, n, (const uint8_t *)vx, (const float *)vy);
+#elif defined(GGML_TQ_AVX2)
     const uint8_t *x = (const uint8_t *)vx;
     const float *q = (const float *)vy;
     const float *sub = tq_subscales();
@@ -168,7 +299,7 @@ void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
 }
 
 /* Rotated-domain row decode for the FA V path: y = s * m_k * c[idx] per value. */
-#ifdef GGML_TQ_AVX2
+#if defined(GGML_TQ_AVX2) && !defined(GGML_TQ_AVX512)
 static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64_t k) {
     const float *cent = tq_centroids(bits);
     const float *sub = tq_subscales();
@@ -193,7 +324,9 @@ static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64
 #endif
 
 void ggml_tq3_to_float_rotated(const void *x, float *y, int64_t k) {
-#ifdef GGML_TQ_AVX2
+#if defined(GGML_TQ_AVX512)
+    tq_to_float_rotated_avx512(3, (const uint8_t *)x, y, k);
+#elif defined(GGML_TQ_AVX2)
     tq_to_float_rotated_avx2(3, (const uint8_t *)x, y, k);
 #else
     tq_dequantize_row_rotated(3, x, y, k);
@@ -201,7 +334,9 @@ void ggml_tq3_to_float_rotated(const void *x, float *y, int64_t k) {
 }
 
 void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k) {
-#ifdef GGML_TQ_AVX2
+#if defined(GGML_TQ_AVX512)
+    tq_to_float_rotated_avx512(4, (const uint8_t *)x, y, k);
+#elif defined(GGML_TQ_AVX2)
     tq_to_float_rotated_avx2(4, (const uint8_t *)x, y, k);
 #else
     tq_dequantize_row_rotated(4, x, y, k);

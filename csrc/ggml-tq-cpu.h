@@ -17,6 +17,9 @@
 extern "C" {
 #endif
 
+/* The instruction set these kernels were compiled for: "avx512", "avx2" or "scalar" (the codec's C loops). */
+const char *ggml_tq_cpu_isa(void);
+
 void ggml_tq3_from_float(const float *x, void *y, int64_t k);
 void ggml_tq4_from_float(const float *x, void *y, int64_t k);
 void ggml_tq_qrot_from_float(const float *x, void *y, int64_t k);

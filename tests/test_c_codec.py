@@ -27,13 +27,39 @@ def test_c_codec_under_sanitizers(tmp_path: Path) -> None:
     assert "ok" in proc.stdout
 
 
+def _host_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# (expected ggml_tq_cpu_isa(), gcc flags, host CPU flags needed to run it)
+ISAS = [
+    ("scalar", ["-march=x86-64"], set()),
+    ("avx2", ["-march=haswell"], {"avx2", "fma"}),
+    ("avx512", ["-march=skylake-avx512"], {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"}),
+]
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-def test_cpu_kernels_match_codec(tmp_path: Path) -> None:
-    """ggml-cpu's SIMD quantizer writes the codec's exact bytes; its dot products match the codec's."""
+@pytest.mark.parametrize(("isa", "flags", "needs"), ISAS, ids=[i[0] for i in ISAS])
+def test_cpu_kernels_match_codec(tmp_path: Path, isa: str, flags: list[str], needs: set[str]) -> None:
+    """ggml-cpu's SIMD quantizer writes the codec's exact bytes; its dot products and V rows match the codec's."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 instruction sets")
+    missing = needs - _host_flags()
+    if missing:
+        pytest.skip(f"host lacks {sorted(missing)}")
     exe = tmp_path / "test_tq_cpu_kernels"
     cmd = [
-        "gcc", "-std=c11", "-O2", "-march=native", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16",
-        "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "csrc"),
+        "gcc", "-std=c11", "-O2", *flags, "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "csrc"),
         "-I", str(llama_tq.include_dir()),  # ggml.h, for the glue's ggml types
         str(REPO / "csrc" / "tq_codec.c"), str(REPO / "csrc" / "ggml-tq-cpu.c"),
         str(REPO / "tests" / "c" / "test_tq_cpu_kernels.c"), "-lm", "-o", str(exe),
@@ -41,4 +67,5 @@ def test_cpu_kernels_match_codec(tmp_path: Path) -> None:
     subprocess.run(cmd, check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"isa {isa}\n" in proc.stdout, proc.stdout
     assert proc.stdout.count("0/400 rows differ") == 2, proc.stdout

@@ -1,6 +1,6 @@
 /* The CPU backend's TQ kernels (csrc/ggml-tq-cpu.c) against the codec, outside ggml: the SIMD quantizer must
  * produce the codec's bytes exactly, and the rotated-domain dot products must match the codec's within float
- * tolerance. Built by tests/test_c_codec.py with -march=native (where the host has AVX2, the SIMD paths run). */
+ * tolerance. Built by tests/test_c_codec.py once per instruction set the host runs (scalar, AVX2, AVX-512). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +20,7 @@ int main(void) {
     static uint8_t a[N / TQ_BLOCK * TQ4_BLOCK_BYTES], b[N / TQ_BLOCK * TQ4_BLOCK_BYTES];
     unsigned seed = 99;
     int failures = 0;
+    printf("isa %s\n", ggml_tq_cpu_isa());
     for (int bits = 3; bits <= 4; ++bits) {
         const size_t nbytes = N / TQ_BLOCK * tq_block_bytes(bits);
         int mismatched_rows = 0;
