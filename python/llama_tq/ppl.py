@@ -2,7 +2,9 @@
 
 Protocol (enforced): `-b 512`, at least 3 chunks (fewer only with --allow-noisy, and labelled), the
 `Final estimate` / `Mean PPL(Q)` line as the PPL, mean / 99th-percentile KLD and same-top-p against an f16 base
-produced in the same run (written to a temporary directory and deleted afterwards).
+produced in the same run (written to a temporary directory and deleted afterwards). With eviction settings
+(`--triatt-*`, given to every config but not to the f16 base), the log's `triatt: evict:` lines are counted and a
+run with none is marked invalid: it measured nothing about eviction.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class RunResult:
     noisy: bool = False
     ok: bool = False
     error: str = ""
+    evictions: int | None = None  # `triatt: evict:` lines in the log, when eviction was asked for
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -112,6 +115,24 @@ def parse_perplexity_log(log: str) -> dict[str, float]:
     if kv:
         out["kv_mib"] = sum(float(x) for x in kv)
     return out
+
+
+EVICT_LINE = re.compile(r"^triatt: evict: ", re.M)
+
+
+def eviction_requested(args: list[str], env: dict[str, str] | None = None) -> bool:
+    """Whether llama.cpp arguments (or the TRIATT_BUDGET fallback) turn eviction on: a budget > 0."""
+    env = dict(os.environ) if env is None else env
+    budget = env.get("TRIATT_BUDGET", "0")
+    for i, a in enumerate(args):
+        if a == "--triatt-budget" and i + 1 < len(args):
+            budget = args[i + 1]
+        elif a.startswith("--triatt-budget="):
+            budget = a.split("=", 1)[1]
+    try:
+        return int(budget) > 0
+    except ValueError:
+        return True  # let llama.cpp reject it, and the run count as one that should have evicted
 
 
 def _progress(line: str, label: str, n_chunks: int) -> None:
@@ -160,7 +181,9 @@ def run_matrix(
     allow_noisy: bool = False,
     extra_args: list[str] | None = None,
     out_dir: Path | None = None,
+    evict_args: list[str] | None = None,
 ) -> list[RunResult]:
+    """extra_args go to every run; evict_args (eviction settings) to every config but not to the f16 base."""
     if chunks < 3 and not allow_noisy:
         raise ProtocolError(
             f"{chunks} chunks is below the protocol's minimum of 3 (pass --allow-noisy to run it anyway)"
@@ -182,7 +205,7 @@ def run_matrix(
             exe, [*common, "-f", str(text), "-ctk", "f16", "-ctv", "f16", "--kl-divergence-base", str(base_file)],
             (), "f16/f16 base", chunks, logs / "f16_f16_base.log",
         )  # fmt: skip
-        r = _result(base, rc, log, wall, chunks, allow_noisy)
+        r = _result(base, rc, log, wall, chunks, False)
         r.kld, r.kld_p99, r.same_top_p = 0.0, 0.0, 100.0
         results.append(r)
         if rc != 0:
@@ -190,14 +213,16 @@ def run_matrix(
         for i, cfg in enumerate(configs, 1):
             print(f"[{i}/{len(configs)}] {cfg.name}", file=sys.stderr)
             rc, log, wall = run_perplexity(
-                exe, [*common, "-ctk", cfg.k, "-ctv", cfg.v, "--kl-divergence-base", str(base_file), "--kl-divergence"],
+                exe, [*common, *(evict_args or []), "-ctk", cfg.k, "-ctv", cfg.v, "--kl-divergence-base",
+                      str(base_file), "--kl-divergence"],
                 cfg.env, cfg.name, chunks, logs / f"{cfg.name.replace('/', '_').replace('@', '_')}.log",
             )  # fmt: skip
-            results.append(_result(cfg, rc, log, wall, chunks, allow_noisy))
+            env = {**os.environ, **dict(cfg.env)}
+            results.append(_result(cfg, rc, log, wall, chunks, eviction_requested(evict_args or [], env)))
     return results
 
 
-def _result(cfg: KvConfig, rc: int, log: str, wall: float, chunks: int, allow_noisy: bool) -> RunResult:
+def _result(cfg: KvConfig, rc: int, log: str, wall: float, chunks: int, evict: bool) -> RunResult:
     p = parse_perplexity_log(log)
     r = RunResult(cfg.name, cfg.bits, wall_s=round(wall, 1), chunks=chunks, noisy=chunks < 3)
     r.ppl = p.get("mean_ppl_q", p.get("final_ppl"))
@@ -207,6 +232,11 @@ def _result(cfg: KvConfig, rc: int, log: str, wall: float, chunks: int, allow_no
     r.ok = rc == 0 and r.ppl is not None
     if not r.ok:
         r.error = f"rc={rc}" + ("" if r.ppl is not None else ", no Final estimate / Mean PPL(Q) line")
+    if evict:
+        r.evictions = len(EVICT_LINE.findall(log))
+        if r.ok and r.evictions == 0:
+            r.ok = False
+            r.error = "INVALID: eviction was enabled but the log has no 'triatt: evict:' line"
     return r
 
 
@@ -215,7 +245,8 @@ def print_table(results: list[RunResult], ref: str | None = "q4_0/q4_0") -> None
     refk = next((r.kld for r in results if r.config == ref), None)
     hdr = f"{'config':<18} {'bits/v':>6} {'KV MiB':>8} {'PPL':>17} {'dPPL':>7} {'mean KLD':>9} {'KLD p99':>8}"
     hdr += f" {'same top p':>10} {'KLD/ref':>7} {'wall s':>7}"
-    print(hdr)
+    evicting = any(r.evictions is not None for r in results)
+    print(hdr + (f" {'evictions':>9}" if evicting else ""))
     for r in results:
         if not r.ok:
             print(f"{r.config:<18} FAILED: {r.error}")
@@ -226,6 +257,7 @@ def print_table(results: list[RunResult], ref: str | None = "q4_0/q4_0") -> None
         print(
             f"{r.config + (' (noisy)' if r.noisy else ''):<18} {r.bits:>6.2f} {r.kv_mib or 0:>8.2f} {ppl:>17} "
             f"{dppl:>7} {r.kld or 0:>9.5f} {r.kld_p99 or 0:>8.4f} {r.same_top_p or 0:>9.2f}% {rel:>7} {r.wall_s:>7.1f}"
+            + (f" {r.evictions if r.evictions is not None else '-':>9}" if evicting else "")
         )
 
 

@@ -37,3 +37,7 @@ def llama_server() -> None:
 
 def llama_bench() -> None:
     run_tool("llama-bench")
+
+
+def llama_tokenize() -> None:
+    run_tool("llama-tokenize")
