@@ -49,3 +49,29 @@ def test_kv_config_parsing() -> None:
 def test_protocol_refuses_fewer_than_3_chunks(tmp_path: Path) -> None:
     with pytest.raises(ppl.ProtocolError, match="--allow-noisy"):
         ppl.run_matrix(tmp_path / "m.gguf", tmp_path / "t.raw", [ppl.KvConfig.parse("tq3")], chunks=2)
+
+
+def test_llama_bench_markdown() -> None:
+    recs = bench.parse_llama_bench_markdown((LOGS / "llama_bench_tq3.md").read_text())
+    assert [bench.test_name(r) for r in recs] == ["pp16 @ d0", "tg4 @ d0", "pp16 @ d64", "tg4 @ d64"]
+    assert recs[0]["type_k"] == "tq3" and recs[0]["avg_ts"] == pytest.approx(426.34)
+    assert recs[3]["n_gen"] == 4 and recs[3]["n_depth"] == 64
+
+
+def test_eviction_runs_without_evictions_are_invalid() -> None:
+    cfg = ppl.KvConfig.parse("tq3")
+    log = (LOGS / "perplexity_kld_q8_0.log").read_text()
+    r = ppl._result(cfg, 0, log, 1.0, 16, evict=True)
+    assert not r.ok and r.evictions == 0 and "INVALID" in r.error
+    evicting = log + "triatt: evict: evicted 200/2248 cells round=1 seq=0 budget=2048\n" * 3
+    r = ppl._result(cfg, 0, evicting, 1.0, 16, evict=True)
+    assert r.ok and r.evictions == 3
+    assert ppl._result(cfg, 0, log, 1.0, 16, evict=False).evictions is None
+
+
+def test_eviction_requested() -> None:
+    assert ppl.eviction_requested(["--triatt-budget", "1800"], env={})
+    assert ppl.eviction_requested(["--triatt-budget=1800"], env={})
+    assert not ppl.eviction_requested(["--triatt-budget", "0"], env={"TRIATT_BUDGET": "100"})  # the flag wins
+    assert ppl.eviction_requested([], env={"TRIATT_BUDGET": "100"})
+    assert not ppl.eviction_requested(["-c", "2048"], env={})

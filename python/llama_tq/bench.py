@@ -34,6 +34,26 @@ def parse_llama_bench_json(text: str) -> list[dict[str, object]]:
     return list(json.loads(text[start : text.rindex("]") + 1]))
 
 
+def parse_llama_bench_markdown(text: str) -> list[dict[str, object]]:
+    """llama-bench's default markdown table: one record per row, keyed by the header; "t/s" becomes avg_ts and
+    stdev_ts, and "pp512 @ d4096" becomes n_prompt / n_gen / n_depth as in the JSON output."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
+    if len(lines) < 2:
+        return []
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    recs: list[dict[str, object]] = []
+    for ln in lines[2:]:
+        rec: dict[str, object] = dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=False))
+        avg, _, dev = str(rec.get("t/s", "")).partition("±")
+        rec["avg_ts"], rec["stdev_ts"] = float(avg), float(dev or 0)
+        test, _, depth = str(rec.get("test", "")).partition(" @ d")
+        kind, n = test[:2], int(test[2:])
+        rec["n_prompt"], rec["n_gen"] = (n, 0) if kind == "pp" else (0, n)
+        rec["n_depth"] = int(depth or 0)
+        recs.append(rec)
+    return recs
+
+
 def test_name(rec: dict[str, object]) -> str:
     n_p, n_g, d = int(rec["n_prompt"]), int(rec["n_gen"]), int(rec.get("n_depth", 0))  # type: ignore[call-overload]
     name = f"pp{n_p}" if n_p else f"tg{n_g}"

@@ -1,0 +1,77 @@
+"""The harness end to end with the real default model, on small protocols: SMOKE runs (a few chunks, short
+contexts) that prove the commands work and their outputs are complete, not quality measurements."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llama_tq.demo import default_text
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def llama_tq(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("llama-tq")
+    assert exe, "llama-tq not on PATH"
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("text") / "topics.txt"
+    p.write_text(default_text()[:60_000])
+    return p
+
+
+def test_ppl_refuses_noisy_protocol(text: Path, tmp_path: Path) -> None:
+    proc = llama_tq("ppl", "--text", str(text), "--chunks", "2", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "below the protocol's minimum of 3" in proc.stderr, proc.stderr
+    assert not (tmp_path / "ppl.json").exists()
+
+
+def test_ppl_smoke(text: Path, tmp_path: Path) -> None:
+    proc = llama_tq("ppl", "--text", str(text), "--kv", "q4_0/q4_0,tq3/tq3", "--ctx", "512", "--chunks", "3",
+                    "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "chunk 3/3" in proc.stderr  # progress
+    data = json.loads((tmp_path / "ppl.json").read_text())
+    rows = {r["config"]: r for r in data["results"]}
+    assert set(rows) == {"f16/f16", "q4_0/q4_0", "tq3/tq3"}
+    assert all(r["ok"] and r["ppl"] > 1 for r in rows.values())
+    assert rows["f16/f16"]["kld"] == 0 and rows["tq3/tq3"]["kld"] > rows["q4_0/q4_0"]["kld"] > 0
+    assert (tmp_path / "ppl.csv").read_text().count("\n") == 4 and (tmp_path / "kld_vs_bits.png").stat().st_size > 0
+    assert "tq3/tq3" in proc.stdout and "KLD/ref" in proc.stdout  # the table
+
+
+def test_niah_smoke(text: Path, tmp_path: Path) -> None:
+    proc = llama_tq("niah", "--text", str(text), "--kv", "f16/f16", "--ctx", "512", "--positions", "start,end",
+                    "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "niah.json").read_text())
+    res = data["results"]
+    assert [(r["config"], r["position"]) for r in res] == [("f16/f16", "start"), ("f16/f16", "end")]
+    assert all(400 < r["prompt_tokens"] <= 512 - 16 for r in res)  # measured with the model's tokenizer
+    assert res[0]["depth"] < 0.15 < 0.8 < res[1]["depth"]
+    # the f16 cache retrieves a needle inside a 512-token context (deterministic at --temp 0)
+    assert [r["status"] for r in res] == ["PASS", "PASS"], res
+    assert (tmp_path / "niah.png").stat().st_size > 0 and "f16/f16" in proc.stdout
+
+
+def test_demo_smoke(tmp_path: Path) -> None:
+    """The README's main job on its embedded default text, cut down to two configs and a 512 context."""
+    proc = llama_tq("demo", "--ctx", "512", "--kv", "f16/f16,q8_0/tq3", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "demo.json").read_text())
+    assert "pydoc_data" in report["text"]
+    rows = {r["config"]: r for r in report["rows"]}
+    assert rows["f16/f16"]["kv_bytes_per_token"] == 18 * 2 * 512  # 18 layers x (K + V) x 256 f16 values
+    assert rows["q8_0/tq3"]["kv_bytes_per_token"] == 18 * (272 + 104)
+    assert rows["q8_0/tq3"]["kld"] > 0 and all(r["ppl_ok"] for r in rows.values())
+    assert set(rows["f16/f16"]["niah"]) == {"start", "middle", "end"}
+    assert (tmp_path / "demo.png").stat().st_size > 0
+    assert "NIAH start" in proc.stdout and "q8_0/tq3" in proc.stdout
