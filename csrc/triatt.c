@@ -1,0 +1,247 @@
+/* TriAttention V3: see triatt.h. */
+#include "triatt.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void triatt_config_default(triatt_config *c) {
+    c->budget = 0;
+    c->hybrid = 2;
+    c->prefix = 128;
+    c->window = 128;
+    c->segments = 8;
+    c->divide = 128;
+    c->warmup = 1024;
+    c->boundary_skip = 0;
+}
+
+int triatt_config_from_env(triatt_config *c, char *msg, size_t msg_size) {
+    static const char *names[] = {"TRIATT_BUDGET",   "TRIATT_HYBRID", "TRIATT_PREFIX", "TRIATT_WINDOW",
+                                  "TRIATT_SEGMENTS", "TRIATT_DIVIDE", "TRIATT_WARMUP", "TRIATT_BOUNDARY_SKIP"};
+    int32_t vals[8] = {c->budget, c->hybrid, c->prefix, c->window, c->segments, c->divide, c->warmup,
+                       c->boundary_skip};
+    for (int i = 0; i < 8; ++i) {
+        const char *s = getenv(names[i]);
+        if (s == NULL || *s == '\0') {
+            continue;
+        }
+        char *end = NULL;
+        errno = 0;
+        const long v = strtol(s, &end, 10);
+        if (errno != 0 || *end != '\0' || v < INT32_MIN || v > INT32_MAX) {
+            snprintf(msg, msg_size, "%s='%s' is not an integer", names[i], s);
+            return -1;
+        }
+        vals[i] = (int32_t)v;
+    }
+    c->budget = vals[0], c->hybrid = vals[1], c->prefix = vals[2], c->window = vals[3];
+    c->segments = vals[4], c->divide = vals[5], c->warmup = vals[6], c->boundary_skip = vals[7];
+    return 0;
+}
+
+int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
+    const struct {
+        const char *name;
+        int32_t v;
+    } f[] = {{"budget", c->budget}, {"prefix", c->prefix},   {"window", c->window},
+             {"divide", c->divide}, {"warmup", c->warmup}, {"boundary-skip", c->boundary_skip}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; ++i) {
+        if (f[i].v < 0) {
+            snprintf(msg, msg_size, "--triatt-%s must not be negative (got %d)", f[i].name, f[i].v);
+            return -1;
+        }
+    }
+    if (c->hybrid < 0 || c->hybrid > 2) {
+        snprintf(msg, msg_size, "--triatt-hybrid must be 0 (V1), 1 (V2) or 2 (V3) (got %d)", c->hybrid);
+        return -1;
+    }
+    if (c->segments < 1) {
+        snprintf(msg, msg_size, "--triatt-segments must be at least 1 (got %d)", c->segments);
+        return -1;
+    }
+    if (c->budget == 0) {
+        return 0;
+    }
+    const int64_t protect = (int64_t)c->window + (c->hybrid == 2 ? c->prefix : 0);
+    if (c->budget <= protect) {
+        snprintf(msg, msg_size,
+                 "--triatt-budget %d must exceed the protected cells: window %d%s = %lld", c->budget, c->window,
+                 c->hybrid == 2 ? " + prefix" : "", (long long)protect);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- selection ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const int32_t *pos;
+    const float *score;
+} sel_ctx;
+
+static _Thread_local sel_ctx g_sel; /* qsort has no context argument in C11 */
+
+static int by_pos(const void *a, const void *b) {
+    const int32_t pa = g_sel.pos[*(const int32_t *)a], pb = g_sel.pos[*(const int32_t *)b];
+    return (pa > pb) - (pa < pb);
+}
+
+/* Higher score first; NaN last; ties: older position first. */
+static int by_score(const void *a, const void *b) {
+    const int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
+    const float sa = g_sel.score[ia], sb = g_sel.score[ib];
+    const int na = isnan(sa), nb = isnan(sb);
+    if (na != nb) {
+        return na - nb;
+    }
+    if (!na && sa != sb) {
+        return sa < sb ? 1 : -1;
+    }
+    return (g_sel.pos[ia] > g_sel.pos[ib]) - (g_sel.pos[ia] < g_sel.pos[ib]);
+}
+
+int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, const float *score, uint8_t *keep) {
+    char msg[160];
+    if (n < 0 || triatt_config_check(c, msg, sizeof msg) != 0) {
+        return -1;
+    }
+    if (c->budget == 0 || n <= c->budget) {
+        for (int32_t i = 0; i < n; ++i) {
+            keep[i] = 1;
+        }
+        return n;
+    }
+    int32_t *cand = malloc(sizeof(int32_t) * (size_t)n);
+    if (cand == NULL) {
+        return -1;
+    }
+    int32_t pmax = INT32_MIN;
+    for (int32_t i = 0; i < n; ++i) {
+        pmax = pos[i] > pmax ? pos[i] : pmax;
+    }
+    int32_t n_cand = 0, n_prot = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        const int prot = (int64_t)pos[i] > (int64_t)pmax - c->window || (c->hybrid == 2 && pos[i] < c->prefix);
+        keep[i] = (uint8_t)prot;
+        n_prot += prot;
+        if (!prot) {
+            cand[n_cand++] = i;
+        }
+    }
+    int32_t free_slots = c->budget - n_prot; /* > 0: positions are distinct and budget > window (+ prefix) */
+    if (free_slots > n_cand) {
+        free_slots = n_cand;
+    }
+    g_sel.pos = pos;
+    g_sel.score = score;
+    int32_t kept = n_prot;
+    if (c->hybrid == 0) {
+        qsort(cand, (size_t)n_cand, sizeof *cand, by_score);
+        for (int32_t j = 0; j < free_slots; ++j) {
+            keep[cand[j]] = 1;
+        }
+        kept += free_slots;
+    } else {
+        qsort(cand, (size_t)n_cand, sizeof *cand, by_pos);
+        const int32_t segs = c->segments < n_cand ? c->segments : (n_cand > 0 ? n_cand : 1);
+        int32_t given = 0;
+        for (int32_t s = 0; s < segs; ++s) {
+            const int32_t lo = (int32_t)((int64_t)n_cand * s / segs), hi = (int32_t)((int64_t)n_cand * (s + 1) / segs);
+            const int32_t quota = (int32_t)((int64_t)free_slots * (hi - lo) / n_cand);
+            qsort(cand + lo, (size_t)(hi - lo), sizeof *cand, by_score);
+            for (int32_t j = lo; j < lo + quota; ++j) {
+                keep[cand[j]] = 1;
+            }
+            given += quota;
+        }
+        /* rounding deficit (< segments slots): the best remaining cells overall */
+        int32_t m = 0;
+        for (int32_t j = 0; j < n_cand; ++j) {
+            if (!keep[cand[j]]) {
+                cand[m++] = cand[j];
+            }
+        }
+        qsort(cand, (size_t)m, sizeof *cand, by_score);
+        for (int32_t j = 0; j < free_slots - given && j < m; ++j) {
+            keep[cand[j]] = 1;
+        }
+        kept += free_slots;
+    }
+    free(cand);
+    return kept;
+}
+
+/* ---- score -------------------------------------------------------------------------------------------------- */
+
+void triatt_pair(const triatt_rope *r, int32_t f, int32_t *i_re, int32_t *i_im, double *theta) {
+    const int32_t half = r->n_rot / 2;
+    if (f < half) {
+        *i_re = r->neox ? f : 2 * f;
+        *i_im = r->neox ? f + half : 2 * f + 1;
+        *theta = (double)r->freq_scale * pow((double)r->freq_base, -2.0 * f / r->n_rot);
+    } else { /* unrotated tail, paired consecutively */
+        *i_re = r->n_rot + 2 * (f - half);
+        *i_im = *i_re + 1;
+        *theta = 0.0;
+    }
+}
+
+void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
+                      double *sum_re, double *sum_im, double *sum_mag) {
+    const int32_t np = r->head_dim / 2;
+    for (int32_t f = 0; f < np; ++f) {
+        int32_t a, b;
+        double th;
+        triatt_pair(r, f, &a, &b, &th);
+        for (int32_t i = 0; i < n; ++i) {
+            const float *row = q + (size_t)i * q_stride;
+            const double x = row[a], y = row[b], ang = -th * pos[i]; /* undo RoPE: multiply by e^{-i theta t} */
+            const double cs = cos(ang), sn = sin(ang);
+            sum_re[f] += x * cs - y * sn;
+            sum_im[f] += x * sn + y * cs;
+            sum_mag[f] += sqrt(x * x + y * y);
+        }
+    }
+}
+
+void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, double t_now,
+                   int32_t max_log2, float *a_re, float *a_im, float *b) {
+    const int32_t np = r->head_dim / 2;
+    for (int32_t f = 0; f < np; ++f) {
+        int32_t ia, ib;
+        double th;
+        triatt_pair(r, f, &ia, &ib, &th);
+        double c_re = 0.0, c_im = 0.0;
+        for (int32_t e = 0; e <= max_log2; ++e) {
+            const double ang = th * (t_now + ldexp(1.0, e));
+            c_re += cos(ang);
+            c_im += sin(ang);
+        }
+        c_re /= (max_log2 + 1);
+        c_im /= (max_log2 + 1);
+        a_re[f] = (float)(mu_re[f] * c_re - mu_im[f] * c_im);
+        a_im[f] = (float)(mu_re[f] * c_im + mu_im[f] * c_re);
+        const double m = hypot(mu_re[f], mu_im[f]);
+        b[f] = (float)(mag[f] > m ? mag[f] - m : 0.0);
+    }
+}
+
+void triatt_score_add(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *k,
+                      size_t k_stride, int32_t n, float *score) {
+    const int32_t np = r->head_dim / 2;
+    const int32_t half = r->n_rot / 2;
+    for (int32_t i = 0; i < n; ++i) {
+        const float *row = k + (size_t)i * k_stride;
+        float s = 0.0f;
+        for (int32_t f = 0; f < np; ++f) { /* the pairing of triatt_pair, without its angle */
+            const int32_t ia = f < half ? (r->neox ? f : 2 * f) : r->n_rot + 2 * (f - half);
+            const int32_t ib = f < half ? (r->neox ? f + half : 2 * f + 1) : ia + 1;
+            const float x = row[ia], y = row[ib];
+            s += a_re[f] * x + a_im[f] * y + b[f] * sqrtf(x * x + y * y);
+        }
+        score[i] += s;
+    }
+}

@@ -1,0 +1,88 @@
+/* TriAttention V3 KV eviction (arXiv:2604.04921 + the V3 policy): the algorithms, C11, no ggml/llama dependency.
+ *
+ * Score. Pre-RoPE queries of a head concentrate around a fixed complex centre mu_f per RoPE frequency pair f
+ * (calibrated from the first `warmup` tokens). A future query at position t then gives a cached key k (post-RoPE,
+ * as stored in the cache) the expected logit sum_f Re(mu_f e^{i theta_f t} conj(k_f)). Averaged over geometric
+ * future offsets t = t_now + D, D = 1, 2, 4, ..., 2^max_log2, this is sum_f Re(A_f conj(k_f)) with
+ * A_f = mu_f * mean_D e^{i theta_f (t_now + D)}: the offset sum is computed once per round, the per-cell work is
+ * two multiply-adds per pair. The query magnitude not explained by the centre adds (mean|q_f| - |mu_f|) |k_f|.
+ * Scores are summed over attention layers and KV heads (GQA query heads averaged into their KV head).
+ *
+ * Selection (per sequence, when it holds more than budget + divide cells; back to `budget`):
+ *   protected: the last `window` positions; with hybrid = 2 (V3) also positions < `prefix`;
+ *   hybrid 0 (V1): the highest-scoring other cells fill the budget;
+ *   hybrid 1 (V2) / 2 (V3): the other cells, in position order, are cut into `segments` equal parts, each keeps
+ *   floor(share) of the free slots by score; the slots lost to rounding go to the best remaining cells overall.
+ * Every step is a sort: O(n log n).
+ */
+#ifndef TRIATT_H
+#define TRIATT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct triatt_config {
+    int32_t budget;        /* cells kept per sequence after a round; 0 = eviction off */
+    int32_t hybrid;        /* 0 = V1 global ranking, 1 = V2 segment quota, 2 = V3 = V2 + protected prefix */
+    int32_t prefix;        /* V3: positions < prefix are never evicted */
+    int32_t window;        /* the last `window` positions are never evicted */
+    int32_t segments;      /* V2/V3 segments */
+    int32_t divide;        /* a round starts when a sequence holds more than budget + divide cells */
+    int32_t warmup;        /* tokens whose queries calibrate the score */
+    int32_t boundary_skip; /* attention layers left out of the score at each end of the stack */
+} triatt_config;
+
+/* budget 0 (off), hybrid 2, prefix 128, window 128, segments 8, divide 128, warmup 1024, boundary_skip 0 */
+void triatt_config_default(triatt_config *c);
+
+/* Overrides from TRIATT_BUDGET, TRIATT_HYBRID, TRIATT_PREFIX, TRIATT_WINDOW, TRIATT_SEGMENTS, TRIATT_DIVIDE,
+ * TRIATT_WARMUP, TRIATT_BOUNDARY_SKIP (set ones only). Returns 0, or -1 with a message if one is not an integer
+ * (nothing changed then). */
+int triatt_config_from_env(triatt_config *c, char *msg, size_t msg_size);
+
+/* 0 if usable, else -1 with a message: negative values, hybrid outside 0..2, segments < 1, and a budget that does
+ * not exceed the protected cells (window, plus prefix for V3). budget 0 is valid (off). */
+int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size);
+
+/* Chooses the cells of one sequence to keep: n cells with distinct positions pos[i] and scores score[i]; writes
+ * keep[i] = 1 (keep) or 0 (evict). Returns the number kept (min(n, budget)), or -1 if the config is invalid or
+ * memory runs out (keep untouched). Deterministic: ties go to the older position. */
+int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, const float *score, uint8_t *keep);
+
+/* RoPE as the model applies it. Pair f of a head (f < n_rot/2) is (x[2f], x[2f+1]) normally, (x[f], x[f+n_rot/2])
+ * for NEOX, rotated by theta_f * position with theta_f = freq_scale * freq_base^(-2f/n_rot). Dimensions beyond
+ * n_rot are unrotated and paired consecutively (theta = 0). */
+typedef struct triatt_rope {
+    int32_t head_dim;
+    int32_t n_rot;
+    int32_t neox;
+    float freq_base;
+    float freq_scale;
+} triatt_rope;
+
+/* The (re, im) indices of pair f and its angle per position. */
+void triatt_pair(const triatt_rope *r, int32_t f, int32_t *i_re, int32_t *i_im, double *theta);
+
+/* Calibration: adds n query rows (post-RoPE, one head, row stride q_stride floats, positions pos) un-rotated to
+ * pre-RoPE into per-pair sums of the complex value and of its magnitude (head_dim/2 doubles each). */
+void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
+                      double *sum_re, double *sum_im, double *sum_mag);
+
+/* Per-round coefficients of one (layer, KV head) from its calibration means (mu, mean magnitude): A = mu * C,
+ * C_f = mean over D in {1, 2, 4, ..., 2^max_log2} of e^{i theta_f (t_now + D)}, and B = mag - |mu|. */
+void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, double t_now,
+                   int32_t max_log2, float *a_re, float *a_im, float *b);
+
+/* score[i] += sum_f a_re[f] k_re + a_im[f] k_im + b[f] |k_f| for n key rows (post-RoPE floats, stride k_stride). */
+void triatt_score_add(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *k,
+                      size_t k_stride, int32_t n, float *score);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRIATT_H */
