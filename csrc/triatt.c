@@ -181,7 +181,7 @@ void triatt_pair(const triatt_rope *r, int32_t f, int32_t *i_re, int32_t *i_im, 
     if (f < half) {
         *i_re = r->neox ? f : 2 * f;
         *i_im = r->neox ? f + half : 2 * f + 1;
-        *theta = (double)r->freq_scale * pow((double)r->freq_base, -2.0 * f / r->n_rot);
+        *theta = r->theta ? r->theta[f] : (double)r->freq_scale * pow((double)r->freq_base, -2.0 * f / r->n_rot);
     } else { /* unrotated tail, paired consecutively */
         *i_re = r->n_rot + 2 * (f - half);
         *i_im = *i_re + 1;
@@ -222,10 +222,11 @@ void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im,
         }
         c_re /= (max_log2 + 1);
         c_im /= (max_log2 + 1);
-        a_re[f] = (float)(mu_re[f] * c_re - mu_im[f] * c_im);
-        a_im[f] = (float)(mu_re[f] * c_im + mu_im[f] * c_re);
-        const double m = hypot(mu_re[f], mu_im[f]);
-        b[f] = (float)(mag[f] > m ? mag[f] - m : 0.0);
+        const double mr = mu_re[f], mi = mu_im[f], mg = mag[f];
+        a_re[f] = (float)(mr * c_re - mi * c_im);
+        a_im[f] = (float)(mr * c_im + mi * c_re);
+        const double m = hypot(mr, mi);
+        b[f] = (float)(mg > m ? mg - m : 0.0);
     }
 }
 

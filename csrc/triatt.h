@@ -62,6 +62,7 @@ typedef struct triatt_rope {
     int32_t neox;
     float freq_base;
     float freq_scale;
+    const double *theta; /* optional: the n_rot/2 angles per position (e.g. with per-dimension frequency factors) */
 } triatt_rope;
 
 /* The (re, im) indices of pair f and its angle per position. */

@@ -29,7 +29,7 @@ triatt_rope make_rope(int head_dim, int n_rot, bool neox, float freq_base, float
     if (head_dim <= 0 || head_dim % 2 || n_rot < 0 || n_rot % 2 || n_rot > head_dim) {
         throw py::value_error("need an even head_dim > 0 and an even n_rot <= head_dim");
     }
-    return triatt_rope{head_dim, n_rot, neox ? 1 : 0, freq_base, freq_scale};
+    return triatt_rope{head_dim, n_rot, neox ? 1 : 0, freq_base, freq_scale, nullptr};
 }
 
 }  // namespace

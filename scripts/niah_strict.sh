@@ -113,7 +113,7 @@ for cfg in $KV; do
         out="$LOGS/${cfg//\//_}_${name}.out"
         rc=0
         llama-completion -m "$MODEL" -f "${PROMPT[$name]}" -c "$CTX" -n "$N" -no-cnv --no-display-prompt --temp 0 \
-            -t "$THREADS" -fa on -ctk "${cfg%/*}" -ctv "${cfg#*/}" "${extra[@]}" \
+            -t "$THREADS" -fa on -lv 4 -ctk "${cfg%/*}" -ctv "${cfg#*/}" "${extra[@]}" \
             >"$out" 2>"${out%.out}.log" </dev/null || rc=$?
         sed -i 's/\[end of text\]//' "$out"
         # the echo trap: if the prompt (which holds the needle) came back anyway, judge only what follows it

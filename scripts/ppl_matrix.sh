@@ -73,7 +73,7 @@ run_one() { # name, ctk, ctv, kld-args...
     kv=$(grep -oE 'llama_kv_cache: size = +[0-9.]+ MiB' "$log" | grep -oE '[0-9]+\.[0-9]+' |
         awk '{ s += $1 } END { if (NR) printf "%.2f", s }' || true)
     if [[ -n $EVICT && $name != "f16/f16(base)" ]]; then
-        ev=$(grep -c '^triatt: evict: ' "$log" || true)
+        ev=$(grep -o 'triatt: evict: evicted ' "$log" | wc -l)
         (( ev > 0 )) || status="INVALID(no eviction)"
     fi
     [[ $rc == 0 && -n $ppl ]] || status="BROKEN(rc=$rc)"

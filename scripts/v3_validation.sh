@@ -58,7 +58,7 @@ for policy in none V1 V3; do
     echo "== NIAH at $NIAH_CTX tokens, policy $policy: EXTRA='$extra'" | tee -a "$RESULTS"
     OUT=$sub KV="f16/f16" CTX=$NIAH_CTX THREADS=$THREADS EXTRA=$extra "$HERE/niah_strict.sh" "$MODEL" "$TEXT" || status=1
     cat "$sub/niah_strict_results.txt" >>"$RESULTS"
-    if [[ -n $extra ]] && ! grep -qh '^triatt: evict: ' "$sub"/niah_strict_logs/*.log; then
+    if [[ -n $extra ]] && ! grep -qh 'triatt: evict: evicted ' "$sub"/niah_strict_logs/*.log; then
         echo "INVALID: policy $policy logged no eviction round" | tee -a "$RESULTS"
         status=1
     fi

@@ -114,7 +114,7 @@ def test_unsupported_head_size_fails_cleanly(tmp_path: Path, wiki_head: Path) ->
         proc = run(["llama-perplexity", "-m", str(model), "-f", str(wiki_head), "-c", "128", "-fa", fa, *flags])
         text = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        assert "head size is not supported" in text, text[-2000:]
+        assert "head size is not supported" in text, f"rc={proc.returncode}: {text[-2000:]}"
         assert re.search(r"n_embd_head_[kv]=64", text)
         assert "GGML_ASSERT" not in text and "Aborted" not in text
 

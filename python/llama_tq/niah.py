@@ -215,9 +215,10 @@ def run_completion(
         raise FileNotFoundError("llama-completion is not on PATH (pip install llama-tq)")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt.text)
+    # -lv 4: the library's info lines (e.g. TriAttention's eviction rounds) reach the log
     args = [exe, "-m", str(model), "-f", f.name, "-c", str(ctx), "-n", str(n_predict), "-no-cnv",
-            "--no-display-prompt", "--temp", "0", "-t", str(threads), "-fa", "on", "-ctk", cfg.k, "-ctv", cfg.v,
-            *extra]  # fmt: skip
+            "--no-display-prompt", "--temp", "0", "-t", str(threads), "-fa", "on", "-lv", "4",
+            "-ctk", cfg.k, "-ctv", cfg.v, *extra]  # fmt: skip
     env = dict(os.environ)
     env.update(dict(cfg.env))
     try:

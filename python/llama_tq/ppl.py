@@ -117,7 +117,7 @@ def parse_perplexity_log(log: str) -> dict[str, float]:
     return out
 
 
-EVICT_LINE = re.compile(r"^triatt: evict: ", re.M)
+EVICT_LINE = re.compile(r"triatt: evict: evicted ")  # anywhere: -lv 4 prefixes a timestamp
 
 
 def eviction_requested(args: list[str], env: dict[str, str] | None = None) -> bool:

@@ -1,0 +1,335 @@
+// TriAttention V3 eviction inside libllama: see llama-triatt.h.
+#include "llama-triatt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "llama-batch.h"
+#include "llama-impl.h"
+#include "llama-kv-cache-iswa.h"
+#include "llama-kv-cache.h"
+#include "llama-model.h"
+
+namespace {
+
+// The orthonormal Walsh-Hadamard rotation upstream applies to K when its attention rotation is on (H*H = I):
+// applied again, it restores the post-RoPE key.
+void unrotate_hadamard(float * x, int64_t n, int64_t block) {
+    const float scale = 1.0f / std::sqrt((float) block);
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        float * v = x + b0;
+        for (int64_t len = 1; len < block; len <<= 1) {
+            for (int64_t i = 0; i < block; i += 2 * len) {
+                for (int64_t j = i; j < i + len; ++j) {
+                    const float a = v[j], c = v[j + len];
+                    v[j] = a + c;
+                    v[j + len] = a - c;
+                }
+            }
+        }
+        for (int64_t j = 0; j < block; ++j) {
+            v[j] *= scale;
+        }
+    }
+}
+
+int32_t layer_of(const char * name) {  // "Qcur-12" -> 12
+    if (std::strncmp(name, "Qcur-", 5) != 0) {
+        return -1;
+    }
+    char * end = nullptr;
+    const long il = std::strtol(name + 5, &end, 10);
+    return (end != name + 5 && *end == '\0') ? (int32_t) il : -1;
+}
+
+}  // namespace
+
+std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, llama_memory_i * memory,
+                                                   uint32_t n_seq_max, const triatt_config & cfg, std::string & err) {
+    char msg[256];
+    if (triatt_config_check(&cfg, msg, sizeof msg) != 0) {
+        err = msg;
+        return nullptr;
+    }
+    llama_kv_cache * kv = dynamic_cast<llama_kv_cache *>(memory);
+    if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(memory)) {
+        kv = iswa->get_base();  // sliding-window hybrid: act on the full-attention cache
+    }
+    if (kv == nullptr) {
+        err = "TriAttention eviction needs a transformer KV cache; this model's memory (recurrent or hybrid "
+              "recurrent, or none) is not supported";
+        return nullptr;
+    }
+    const auto & hp = model.hparams;
+    switch (hp.rope_type) {
+        case LLAMA_ROPE_TYPE_NORM:
+        case LLAMA_ROPE_TYPE_NEOX:
+            break;
+        case LLAMA_ROPE_TYPE_NONE:
+            err = "TriAttention scores keys through RoPE; this model has no RoPE";
+            return nullptr;
+        default:
+            err = "TriAttention does not handle this model's RoPE variant (M-RoPE / vision RoPE)";
+            return nullptr;
+    }
+    if (hp.is_mla()) {
+        err = "TriAttention does not handle multi-head latent attention caches";
+        return nullptr;
+    }
+    std::unique_ptr<llama_triatt> t(new llama_triatt(model, kv, n_seq_max, cfg));
+    if (t->layers.empty()) {
+        err = "TriAttention found no full-attention layer with RoPE in the KV cache";
+        return nullptr;
+    }
+    return t;
+}
+
+llama_triatt::llama_triatt(const llama_model & model, llama_kv_cache * kv, uint32_t n_seq_max,
+                           const triatt_config & cfg)
+    : model(model), kv(kv), n_seq_max(n_seq_max), cfg(cfg) {
+    const auto & hp = model.hparams;
+    layer_slot.assign(hp.n_layer(), -1);
+    std::vector<uint32_t> ids = kv->get_layer_ids();
+    std::sort(ids.begin(), ids.end());
+    // boundary_skip: the first and last attention layers of the cache stay out of the score
+    const size_t skip = std::min<size_t>((size_t) cfg.boundary_skip, ids.size() / 2);
+    for (size_t k = skip; k + skip < ids.size(); ++k) {
+        const uint32_t il = ids[k];
+        if (!hp.has_rope(il) || kv->get_k_storage((int32_t) il) == nullptr) {
+            continue;
+        }
+        layer_stats ls;
+        ls.il = (int32_t) il;
+        ls.n_head = (int32_t) hp.n_head(il);
+        ls.n_head_kv = (int32_t) hp.n_head_kv(il);
+        ls.head_dim = (int32_t) hp.n_embd_head_k(il);
+        const size_t np = (size_t) ls.head_dim / 2;
+        ls.sum_re.assign(np * ls.n_head_kv, 0.0);
+        ls.sum_im.assign(np * ls.n_head_kv, 0.0);
+        ls.sum_mag.assign(np * ls.n_head_kv, 0.0);
+        ls.count.assign(ls.n_head_kv, 0);
+        layer_slot[il] = (int32_t) layers.size();
+        layers.push_back(std::move(ls));
+    }
+}
+
+// ---- calibration -------------------------------------------------------------------------------------------------
+
+void llama_triatt::begin_ubatch(const llama_ubatch & ubatch, ggml_backend_sched_t sched,
+                                ggml_backend_sched_eval_callback ucb, void * uud) {
+    cur = &ubatch;
+    if (!calibrated) {
+        user_cb = ucb;
+        user_ud = uud;
+        ggml_backend_sched_set_eval_callback(sched, eval_cb, this);
+        hook_installed = true;
+        tokens_seen += ubatch.n_tokens;
+    } else if (hook_installed) {
+        // calibrated: the capture hook goes, so the scheduler runs graphs unsplit again
+        ggml_backend_sched_set_eval_callback(sched, ucb, uud);
+        hook_installed = false;
+    }
+}
+
+llama_triatt::layer_stats * llama_triatt::capture_target(const ggml_tensor * t) {
+    if (calibrated || t->op != GGML_OP_ROPE || t->type != GGML_TYPE_F32) {
+        return nullptr;
+    }
+    const int32_t il = layer_of(t->name);
+    if (il < 0 || il >= (int32_t) layer_slot.size() || layer_slot[il] < 0) {
+        return nullptr;
+    }
+    layer_stats & ls = layers[layer_slot[il]];
+    return (t->ne[0] == ls.head_dim && t->ne[1] == ls.n_head) ? &ls : nullptr;
+}
+
+bool llama_triatt::eval_cb(ggml_tensor * t, bool ask, void * ud) {
+    auto * self = static_cast<llama_triatt *>(ud);
+    layer_stats * ls = self->capture_target(t);
+    if (ask) {
+        self->user_asked = self->user_cb != nullptr && self->user_cb(t, true, self->user_ud);
+        return ls != nullptr || self->user_asked;
+    }
+    if (ls != nullptr) {
+        self->capture(*ls, t);
+    }
+    return self->user_asked ? self->user_cb(t, false, self->user_ud) : true;
+}
+
+void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
+    if (cur == nullptr || t->ne[2] != (int64_t) cur->n_tokens || !ggml_is_contiguous(t)) {
+        return;
+    }
+    if (!ls.have_rope) {  // the model's real RoPE, read from the op: dims, pairing, base, scale, factors
+        const int32_t * op = (const int32_t *) t->op_params;
+        float base, scale;
+        std::memcpy(&base, op + 5, sizeof base);
+        std::memcpy(&scale, op + 6, sizeof scale);
+        ls.rope = triatt_rope{ls.head_dim, op[1], (op[2] & GGML_ROPE_TYPE_NEOX) ? 1 : 0, base, scale, nullptr};
+        ls.theta.resize((size_t) op[1] / 2);
+        std::vector<float> ff;
+        if (t->src[2] != nullptr && t->src[2]->type == GGML_TYPE_F32) {  // per-dimension frequency factors
+            ff.resize((size_t) ggml_nelements(t->src[2]));
+            ggml_backend_tensor_get(t->src[2], ff.data(), 0, ff.size() * sizeof(float));
+        }
+        for (size_t f = 0; f < ls.theta.size(); ++f) {
+            ls.theta[f] = scale * std::pow((double) base, -2.0 * (double) f / op[1]) / (f < ff.size() ? ff[f] : 1.0);
+        }
+        ls.rope.theta = ls.theta.data();
+        ls.have_rope = true;
+    }
+    const int64_t n_tok = t->ne[2];
+    rowbuf.resize((size_t) ggml_nelements(t));
+    ggml_backend_tensor_get(t, rowbuf.data(), 0, ggml_nbytes(t));
+    std::vector<int32_t> pos(cur->pos, cur->pos + n_tok);
+    const size_t np = (size_t) ls.head_dim / 2;
+    const int32_t group = ls.n_head / ls.n_head_kv;
+    for (int32_t h = 0; h < ls.n_head; ++h) {  // GQA: query heads averaged into their KV head
+        const int32_t hk = h / group;
+        triatt_calib_add(&ls.rope, rowbuf.data() + (size_t) h * ls.head_dim, (size_t) ls.head_dim * ls.n_head,
+                         pos.data(), (int32_t) n_tok, &ls.sum_re[hk * np], &ls.sum_im[hk * np], &ls.sum_mag[hk * np]);
+        ls.count[hk] += n_tok;
+    }
+}
+
+bool llama_triatt::finish_calibration() {
+    if (calibrated) {
+        return true;
+    }
+    int32_t n_ok = 0;
+    for (auto & ls : layers) {
+        if (!ls.have_rope || ls.count.empty() || ls.count[0] == 0) {
+            continue;
+        }
+        const size_t np = (size_t) ls.head_dim / 2;
+        ls.mu_re.resize(np * ls.n_head_kv);
+        ls.mu_im.resize(np * ls.n_head_kv);
+        ls.mag.resize(np * ls.n_head_kv);
+        for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
+            const double inv = 1.0 / (double) std::max<int64_t>(1, ls.count[hk]);
+            for (size_t f = 0; f < np; ++f) {
+                ls.mu_re[hk * np + f] = (float) (ls.sum_re[hk * np + f] * inv);
+                ls.mu_im[hk * np + f] = (float) (ls.sum_im[hk * np + f] * inv);
+                ls.mag[hk * np + f] = (float) (ls.sum_mag[hk * np + f] * inv);
+            }
+        }
+        ++n_ok;
+    }
+    if (n_ok == 0) {
+        return false;
+    }
+    calibrated = true;
+    LLAMA_LOG_INFO("triatt: calibrated on %lld tokens over %d full-attention layers; query capture removed\n",
+                   (long long) tokens_seen, n_ok);
+    return true;
+}
+
+// ---- eviction ----------------------------------------------------------------------------------------------------
+
+void llama_triatt::after_ubatch(llama_memory_i * memory) {
+    if (!calibrated && tokens_seen >= cfg.warmup) {
+        finish_calibration();  // after the whole ubatch: every layer saw the same tokens
+    }
+    if (cfg.budget == 0) {
+        return;
+    }
+    for (uint32_t s = 0; s < n_seq_max; ++s) {
+        const llama_kv_cells & cells = kv->get_cells((llama_seq_id) s);
+        if (cells.seq_pos_get((llama_seq_id) s).size() > (size_t) cfg.budget + (size_t) cfg.divide) {
+            evict_seq((int32_t) s, memory);
+        }
+    }
+}
+
+void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
+    if (!calibrated && !finish_calibration()) {
+        static bool warned = false;
+        if (!warned) {
+            LLAMA_LOG_WARN("triatt: no queries captured yet, eviction postponed\n");
+            warned = true;
+        }
+        return;
+    }
+    const int64_t t0 = ggml_time_us();
+    const llama_kv_cells & cells = kv->get_cells(seq);
+    std::vector<uint32_t> idx;
+    std::vector<int32_t> pos;
+    for (const auto & [p, i] : cells.seq_pos_get(seq)) {
+        pos.push_back(p);
+        idx.push_back(i);
+    }
+    const int32_t n = (int32_t) pos.size();
+    const int32_t t_now = pos.back();
+    std::vector<float> score((size_t) n, 0.0f);
+    const uint32_t stream = kv->get_stream(seq);
+    const bool rot = kv->get_attn_rot_k();
+    for (auto & ls : layers) {
+        if (ls.mu_re.empty()) {
+            continue;
+        }
+        ggml_tensor * k = kv->get_k_storage(ls.il);
+        const size_t row_bytes = k->nb[1];
+        const int64_t n_embd = k->ne[0];
+        slab.resize(row_bytes * cells.size());
+        ggml_backend_tensor_get(k, slab.data(), stream * k->nb[2], row_bytes * cells.size());
+        const auto * traits = ggml_get_type_traits(k->type);
+        std::vector<float> keys((size_t) n * n_embd);
+        for (int32_t c = 0; c < n; ++c) {
+            const uint8_t * src = slab.data() + row_bytes * idx[c];
+            float * dst = keys.data() + (size_t) c * n_embd;
+            if (k->type == GGML_TYPE_F32) {
+                std::memcpy(dst, src, n_embd * sizeof(float));
+            } else {
+                traits->to_float(src, dst, n_embd);
+            }
+            if (rot) {
+                int64_t block = 64;  // upstream's choice: the largest power of two (>= 64) dividing the head size
+                while (ls.head_dim % (2 * block) == 0) {
+                    block *= 2;
+                }
+                unrotate_hadamard(dst, n_embd, block);
+            }
+        }
+        const size_t np = (size_t) ls.head_dim / 2;
+        std::vector<float> a_re(np), a_im(np), b(np);
+        for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
+            triatt_coeffs(&ls.rope, &ls.mu_re[hk * np], &ls.mu_im[hk * np], &ls.mag[hk * np], (double) t_now, 16,
+                          a_re.data(), a_im.data(), b.data());
+            triatt_score_add(&ls.rope, a_re.data(), a_im.data(), b.data(), keys.data() + (size_t) hk * ls.head_dim,
+                             (size_t) n_embd, n, score.data());
+        }
+    }
+    std::vector<uint8_t> keep((size_t) n);
+    const int32_t kept = triatt_select(&cfg, n, pos.data(), score.data(), keep.data());
+    if (kept < 0) {
+        LLAMA_LOG_ERROR("triatt: selection failed (out of memory)\n");
+        return;
+    }
+    // evict runs of consecutive positions with one seq_rm each (positions are ascending)
+    const bool iswa = dynamic_cast<llama_kv_cache_iswa *>(memory) != nullptr;
+    int32_t n_ev = 0;
+    for (int32_t c = 0; c < n;) {
+        if (keep[c]) {
+            ++c;
+            continue;
+        }
+        int32_t e = c;
+        while (e + 1 < n && !keep[e + 1] && pos[e + 1] == pos[e] + 1) {
+            ++e;
+        }
+        // a sliding-window hybrid keeps its window cache: only the full-attention cache loses the cells
+        if (iswa) {
+            kv->seq_rm(seq, pos[c], pos[e] + 1);
+        } else {
+            memory->seq_rm(seq, pos[c], pos[e] + 1);
+        }
+        n_ev += e - c + 1;
+        c = e + 1;
+    }
+    ++rounds;
+    evicted += n_ev;
+    static const char * names[] = {"V1", "V2", "V3"};
+    LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s t_ms=%.1f\n", n_ev,
+                   n, rounds, seq, n - n_ev, cfg.budget, names[cfg.hybrid], (ggml_time_us() - t0) / 1000.0);
+}

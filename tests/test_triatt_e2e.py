@@ -1,0 +1,77 @@
+"""TriAttention V3 eviction through the real tools: flags, environment fallbacks, clear errors, eviction rounds."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llama_tq.demo import default_text
+from llama_tq.models import default_model
+
+
+def perplexity(text: Path, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("llama-perplexity")
+    assert exe
+    args = [exe, "-m", str(default_model()), "-f", str(text), "-c", "2048", "-b", "512", "--chunks", "3", "-t", "2",
+            "-fa", "on", "-lv", "4", *flags]  # fmt: skip
+    return subprocess.run(args, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("text") / "topics.txt"
+    p.write_text(default_text()[:60_000])  # 3 chunks of 2048 tokens
+    return p
+
+
+def final_ppl(log: str) -> float:
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
+    assert m, log[-2000:]
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("tq3", "tq3"), ("q8_0", "tq3")])
+def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
+    """-c 2048 in ubatches of 512, budget 768: after the 2nd and 3rd ubatch of each chunk the cache (1024, then 1280
+    cells) is above 768 + 128 and goes back to 768, so the scored 2nd half of every chunk sees evicted caches; V3
+    keeps PPL within 5% of the same cache without eviction."""
+    base = perplexity(text, "-ctk", kv[0], "-ctv", kv[1])
+    assert base.returncode == 0 and "triatt: evict:" not in base.stderr
+    baseline = final_ppl(base.stdout + base.stderr)
+    proc = perplexity(text, "-ctk", kv[0], "-ctv", kv[1], "--triatt-budget", "768", "--triatt-warmup", "256")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    rounds = re.findall(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=(\d+) seq=0 kept=768 budget=768 "
+                        r"policy=V3 t_ms=[0-9.]+$", log, re.M)  # fmt: skip
+    assert [int(n) for _, n, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]  # the 3rd is after the last ubatch
+    assert all(int(ev) == int(n) - 768 for ev, n, _ in rounds)
+    assert "calibrated on" in log and "query capture removed" in log
+    ppl = final_ppl(log)
+    assert ppl != baseline and baseline < ppl * 1.02 and ppl < baseline * 1.05, (baseline, ppl)
+
+
+def test_env_fallback_and_flag_wins(text: Path) -> None:
+    proc = perplexity(text, env={"TRIATT_BUDGET": "700", "TRIATT_HYBRID": "0"})
+    assert proc.returncode == 0 and "budget=700 policy=V1" in proc.stderr, proc.stderr[-2000:]
+    proc = perplexity(text, "--triatt-budget", "0", env={"TRIATT_BUDGET": "700"})
+    assert proc.returncode == 0 and "triatt: evict:" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "msg"),
+    [
+        (["--triatt-budget", "200"], "--triatt-budget 200 must exceed the protected cells: window 128 + prefix = 256"),
+        (["--triatt-budget", "900", "--triatt-hybrid", "5"], "--triatt-hybrid must be 0 (V1), 1 (V2) or 2 (V3)"),
+        (["--triatt-budget", "900", "--triatt-window", "-3"], "--triatt-window must not be negative"),
+        (["--triatt-budget", "900", "--triatt-segments", "0"], "--triatt-segments must be at least 1"),
+    ],
+)
+def test_invalid_settings_fail_clearly(text: Path, flags: list[str], msg: str) -> None:
+    proc = perplexity(text, *flags)
+    assert proc.returncode != 0 and msg in proc.stdout + proc.stderr, (proc.returncode, proc.stderr[-1500:])
+    assert "Final estimate" not in proc.stdout + proc.stderr
