@@ -59,3 +59,37 @@ def test_tq_cache_state_round_trips_bit_exactly(binding: None) -> None:
     assert same_f16 and same_tq3 and same_tq4, "save -> load -> save must give identical state bytes"
     assert logits_f16 and logits_tq3 and logits_tq4, "the next token must see exactly the cache it saw before"
     assert size_tq3 < size_tq4 < size_f16  # the state carries the TQ blocks, not f16
+
+
+TRIATT_SCRIPT = textwrap.dedent(
+    """
+    import sys, llama_tq
+    llama_cpp = llama_tq.llama_cpp()
+    llm = llama_cpp.Llama(sys.argv[1], n_ctx=2048, n_batch=512, type_k=llama_tq.GGML_TYPE_TQ3,
+                          type_v=llama_tq.GGML_TYPE_TQ3, flash_attn=True, verbose=False, n_threads=2)
+    try:
+        llama_tq.triatt_configure(llm, budget=200)
+    except ValueError as e:
+        print("ERROR", e)
+    llama_tq.triatt_configure(llm, budget=600, warmup=256)
+    text = open(sys.argv[2]).read()
+    llm.eval(llm.tokenize(text.encode())[:1400])
+    print("STATS", *llama_tq.triatt_stats(llm))
+    """
+)
+
+
+def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """TriAttention V3 on a llama-cpp-python context through the new C API: bad settings raise with llama.cpp's
+    message; 1400 tokens against a budget of 600 evict (a round each time the cache passes 600 + 128)."""
+    from llama_tq.demo import default_text
+
+    text = tmp_path / "t.txt"
+    text.write_text(default_text()[:20_000])
+    proc = subprocess.run([sys.executable, "-c", TRIATT_SCRIPT, str(default_model()), str(text)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "ERROR --triatt-budget 200 must exceed the protected cells" in proc.stdout
+    stats = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS")).split()
+    rounds, evicted = int(stats[1]), int(stats[2])
+    assert rounds >= 1 and evicted >= 1400 - 600 - 128 * rounds, proc.stdout

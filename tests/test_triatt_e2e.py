@@ -75,3 +75,18 @@ def test_invalid_settings_fail_clearly(text: Path, flags: list[str], msg: str) -
     proc = perplexity(text, *flags)
     assert proc.returncode != 0 and msg in proc.stdout + proc.stderr, (proc.returncode, proc.stderr[-1500:])
     assert "Final estimate" not in proc.stdout + proc.stderr
+
+
+def test_each_sequence_gets_its_own_budget(text: Path) -> None:
+    """llama-perplexity -c 1024 -b 2048 evaluates two chunks at once as sequences 0 and 1 (n_seq = 2): both are
+    evicted, each to its own budget."""
+    exe = shutil.which("llama-perplexity")
+    assert exe
+    args = [exe, "-m", str(default_model()), "-f", str(text), "-c", "1024", "-b", "2048", "-ub", "512", "--chunks",
+            "4", "-t", "2", "-fa", "on", "-lv", "4", "--triatt-budget", "600", "--triatt-warmup", "256"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "n_seq=2" in log, log[-3000:]
+    seqs = re.findall(r"triatt: evict: evicted \d+/\d+ cells round=\d+ seq=(\d) kept=600 budget=600", log)
+    assert {"0", "1"} <= set(seqs), log[-3000:]
+    final_ppl(log)

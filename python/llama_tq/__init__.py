@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .binding import GGML_TYPE_TQ3, GGML_TYPE_TQ4, llama_cpp
+from .binding import GGML_TYPE_TQ3, GGML_TYPE_TQ4, llama_cpp, triatt_configure, triatt_stats
 from .paths import bin_dir, include_dir, lib_dir
 
 __version__ = "0.1.0"
@@ -22,6 +22,8 @@ __all__ = [
     "lib_dir",
     "llama_cpp",
     "memory_report",
+    "triatt_configure",
+    "triatt_stats",
     "validate",
     *sorted(_CODEC_NAMES),
 ]

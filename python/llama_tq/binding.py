@@ -3,10 +3,12 @@
 llama-tq python-binding          # pip install llama-cpp-python==0.3.36 without its own llama.cpp build
 import llama_tq; llama_cpp = llama_tq.llama_cpp()   # LLAMA_CPP_LIB_PATH -> llama_tq.lib_dir(), then import
 llm = llama_cpp.Llama(model, type_k=llama_tq.GGML_TYPE_TQ4, type_v=llama_tq.GGML_TYPE_TQ3, flash_attn=True)
+llama_tq.triatt_configure(llm, budget=4096)          # TriAttention V3 eviction on this context
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import subprocess
@@ -45,3 +47,48 @@ def llama_cpp() -> ModuleType:
         return importlib.import_module("llama_cpp")
     except ImportError as e:
         raise ImportError("llama-cpp-python is not installed: run `llama-tq python-binding`") from e
+
+
+def _libllama() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(lib_dir() / "libllama.so"))  # the same handle llama_cpp loaded
+    lib.llama_triatt_configure.argtypes = [ctypes.c_void_p, *([ctypes.c_int32] * 8), ctypes.c_char_p, ctypes.c_size_t]
+    lib.llama_triatt_configure.restype = ctypes.c_int32
+    lib.llama_triatt_n_rounds.argtypes = [ctypes.c_void_p]
+    lib.llama_triatt_n_rounds.restype = ctypes.c_int32
+    lib.llama_triatt_n_evicted.argtypes = [ctypes.c_void_p]
+    lib.llama_triatt_n_evicted.restype = ctypes.c_int64
+    return lib
+
+
+def _ctx_ptr(llm_or_ctx: object) -> int:
+    """The llama_context pointer of a llama_cpp.Llama (or a raw context pointer)."""
+    ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)
+    ctx = getattr(ctx, "ctx", ctx)  # Llama._ctx (internal wrapper) -> its ctypes pointer
+    if isinstance(ctx, ctypes.c_void_p):
+        return int(ctx.value or 0)
+    return int(ctypes.cast(ctx, ctypes.c_void_p).value or 0)
+
+
+def triatt_configure(
+    llm_or_ctx: object,
+    budget: int,
+    hybrid: int = 2,
+    prefix: int = 128,
+    window: int = 128,
+    segments: int = 8,
+    divide: int = 128,
+    warmup: int = 1024,
+    boundary_skip: int = 0,
+) -> None:
+    """TriAttention V3 eviction on a llama-cpp-python context (llama_triatt_configure); ValueError on bad settings."""
+    err = ctypes.create_string_buffer(256)
+    rc = _libllama().llama_triatt_configure(_ctx_ptr(llm_or_ctx), budget, hybrid, prefix, window, segments, divide,
+                                            warmup, boundary_skip, err, len(err))  # fmt: skip
+    if rc != 0:
+        raise ValueError(err.value.decode())
+
+
+def triatt_stats(llm_or_ctx: object) -> tuple[int, int]:
+    """(eviction rounds, cells evicted) so far on the context."""
+    lib, ctx = _libllama(), _ctx_ptr(llm_or_ctx)
+    return int(lib.llama_triatt_n_rounds(ctx)), int(lib.llama_triatt_n_evicted(ctx))
