@@ -1,0 +1,86 @@
+"""TriAttention V3 overhead: llama-perplexity wall time with V3 eviction vs without, interleaved in one run.
+
+Protocol: default model, wikitext-2 test, -c 4096 -b 512 --chunks 3 -fa on -t 2; V3 at 90 % retention
+(--triatt-budget 3686), calibration on the default 1024 warm-up tokens. Each round runs both, alternating which
+goes first; the ratio uses each side's fastest run. Writes bench/results/triatt_overhead.{md,json}.
+
+    python bench/triatt_overhead.py [--rounds 3] [--ctx 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llama_tq.models import default_model
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+
+
+def run(args: list[str]) -> tuple[float, str]:
+    t0 = time.monotonic()
+    proc = subprocess.run(args, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0 or "Final estimate" not in log:
+        sys.exit(f"llama-perplexity failed (rc {proc.returncode}):\n{log[-2000:]}")
+    return wall, log
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=4096)
+    args = ap.parse_args()
+    exe = shutil.which("llama-perplexity")
+    assert exe, "llama-perplexity not on PATH"
+    budget = args.ctx * 9 // 10
+    base = [exe, "-m", str(default_model()), "-f", str(WIKI), "-c", str(args.ctx), "-b", "512", "--chunks", "3",
+            "-fa", "on", "-t", "2", "-lv", "4"]  # fmt: skip
+    sides = {"off": base, "V3": [*base, "--triatt-budget", str(budget), "--triatt-hybrid", "2"]}
+    walls: dict[str, list[float]] = {k: [] for k in sides}
+    rounds = {}
+    ppl = {}
+    for r in range(args.rounds):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for name in order:
+            print(f"[round {r + 1}/{args.rounds}] {name} ...", end="", flush=True, file=sys.stderr)
+            wall, log = run(sides[name])
+            walls[name].append(round(wall, 2))
+            rounds[name] = len(re.findall(r"triatt: evict: evicted ", log))
+            m = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
+            ppl[name] = float(m.group(1)) if m else None
+            print(f" {wall:.1f}s", file=sys.stderr)
+    ratio = min(walls["V3"]) / min(walls["off"])
+    cmd = f"python bench/triatt_overhead.py --rounds {args.rounds} --ctx {args.ctx}"
+    lines = [
+        "# TriAttention V3 overhead (CPU, 2 threads)",
+        "",
+        f"`{cmd}`: llama-perplexity -c {args.ctx} -b 512 --chunks 3 -fa on on wikitext-2, with and without",
+        f"`--triatt-budget {budget} --triatt-hybrid 2`, {args.rounds} interleaved rounds, fastest run of each.",
+        "",
+        "| run | wall s (each round) | fastest | eviction rounds | PPL |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name in sides:
+        lines.append(f"| {name} | {', '.join(f'{w:.1f}' for w in walls[name])} | {min(walls[name]):.1f} | "
+                     f"{rounds[name]} | {ppl[name]} |")  # fmt: skip
+    verdict = "met" if ratio <= 1.02 else "NOT met"
+    lines += ["", f"V3 / off wall-time ratio: **{ratio:.3f}** (target <= 1.02: {verdict})"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = ROOT / "bench" / "results"
+    (out / "triatt_overhead.md").write_text(text)
+    meta = {"command": cmd, "walls": walls, "rounds": rounds, "ppl": ppl, "ratio": ratio}
+    (out / "triatt_overhead.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
