@@ -75,3 +75,17 @@ def test_demo_smoke(tmp_path: Path) -> None:
     assert set(rows["f16/f16"]["niah"]) == {"start", "middle", "end"}
     assert (tmp_path / "demo.png").stat().st_size > 0
     assert "NIAH start" in proc.stdout and "q8_0/tq3" in proc.stdout
+
+
+def test_niah_with_eviction_counts_rounds(text: Path, tmp_path: Path) -> None:
+    """--extra eviction flags: the rounds are counted from the log; a run that never evicts is INVALID (exit 1)."""
+    proc = llama_tq("niah", "--text", str(text), "--kv", "f16/f16", "--ctx", "1024", "--positions", "end",
+                    "--extra", "--triatt-budget 600 --triatt-warmup 256", "--out", str(tmp_path / "a"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    (r,) = json.loads((tmp_path / "a" / "niah.json").read_text())["results"]
+    assert r["evictions"] >= 1 and r["ok"]
+    proc = llama_tq("niah", "--text", str(text), "--kv", "f16/f16", "--ctx", "1024", "--positions", "end",
+                    "--extra", "--triatt-budget 4000", "--out", str(tmp_path / "b"))  # fmt: skip
+    assert proc.returncode == 1 and "INVALID" in proc.stdout
+    (r,) = json.loads((tmp_path / "b" / "niah.json").read_text())["results"]
+    assert r["evictions"] == 0 and not r["ok"]

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .ppl import KvConfig
+from .ppl import EVICT_LINE, KvConfig, eviction_requested
 
 DEFAULT_NEEDLE = "The secret code word is PURPLE ELEPHANT 7742."
 POSITIONS = {"start": 0.05, "middle": 0.5, "end": 0.95}
@@ -205,6 +205,7 @@ class NiahResult:
     wall_s: float
     ok: bool = True
     error: str = ""
+    evictions: int | None = None  # eviction rounds in the log, when eviction was asked for
 
 
 def run_completion(
@@ -278,6 +279,11 @@ def run_grid(
                 r.error = f"llama-completion rc={rc}: {err.strip().splitlines()[-1] if err.strip() else ''}"
             elif unfinished:
                 r.error = "the <think> block did not finish"
+            if eviction_requested(extra_args or [], {**os.environ, **dict(cfg.env)}):
+                r.evictions = len(EVICT_LINE.findall(err))
+                if r.evictions == 0 and rc == 0:
+                    r.ok = False
+                    r.error = "INVALID: eviction was enabled but the log has no 'triatt: evict:' line"
             results.append(r)
             print(f" {status} ({r.wall_s:.0f}s) said: {r.said[:60]!r}", file=sys.stderr)
     return results
