@@ -1,7 +1,6 @@
 /* TriAttention V3: see triatt.h. */
 #include "triatt.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,30 +15,6 @@ void triatt_config_default(triatt_config *c) {
     c->divide = 128;
     c->warmup = 1024;
     c->boundary_skip = 0;
-}
-
-int triatt_config_from_env(triatt_config *c, char *msg, size_t msg_size) {
-    static const char *names[] = {"TRIATT_BUDGET",   "TRIATT_HYBRID", "TRIATT_PREFIX", "TRIATT_WINDOW",
-                                  "TRIATT_SEGMENTS", "TRIATT_DIVIDE", "TRIATT_WARMUP", "TRIATT_BOUNDARY_SKIP"};
-    int32_t vals[8] = {c->budget, c->hybrid, c->prefix, c->window, c->segments, c->divide, c->warmup,
-                       c->boundary_skip};
-    for (int i = 0; i < 8; ++i) {
-        const char *s = getenv(names[i]);
-        if (s == NULL || *s == '\0') {
-            continue;
-        }
-        char *end = NULL;
-        errno = 0;
-        const long v = strtol(s, &end, 10);
-        if (errno != 0 || *end != '\0' || v < INT32_MIN || v > INT32_MAX) {
-            snprintf(msg, msg_size, "%s='%s' is not an integer", names[i], s);
-            return -1;
-        }
-        vals[i] = (int32_t)v;
-    }
-    c->budget = vals[0], c->hybrid = vals[1], c->prefix = vals[2], c->window = vals[3];
-    c->segments = vals[4], c->divide = vals[5], c->warmup = vals[6], c->boundary_skip = vals[7];
-    return 0;
 }
 
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {

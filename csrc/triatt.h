@@ -39,11 +39,6 @@ typedef struct triatt_config {
 /* budget 0 (off), hybrid 2, prefix 128, window 128, segments 8, divide 128, warmup 1024, boundary_skip 0 */
 void triatt_config_default(triatt_config *c);
 
-/* Overrides from TRIATT_BUDGET, TRIATT_HYBRID, TRIATT_PREFIX, TRIATT_WINDOW, TRIATT_SEGMENTS, TRIATT_DIVIDE,
- * TRIATT_WARMUP, TRIATT_BOUNDARY_SKIP (set ones only). Returns 0, or -1 with a message if one is not an integer
- * (nothing changed then). */
-int triatt_config_from_env(triatt_config *c, char *msg, size_t msg_size);
-
 /* 0 if usable, else -1 with a message: negative values, hybrid outside 0..2, segments < 1, and a budget that does
  * not exceed the protected cells (window, plus prefix for V3). budget 0 is valid (off). */
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size);
