@@ -81,7 +81,8 @@ def main() -> None:
     if not grid["V3"]:
         v3_ge_v1 = False
     if grid["V3"] and grid["V1"]:
-        lines += ["", f"- V3 NIAH at 90 %: {v3_pass}/{len(positions)} (target 3/3: {'met' if v3_pass == 3 else 'NOT met'})",
+        verdict = "met" if v3_pass == 3 else "NOT met"
+        lines += ["", f"- V3 NIAH at 90 %: {v3_pass}/{len(positions)} (target 3/3: {verdict})",
                   f"- V3 >= V1 at every position: {'met' if v3_ge_v1 else 'NOT met'}"]  # fmt: skip
     else:
         lines += ["", "- NIAH targets (V3 3/3 at 90 %, V3 >= V1 everywhere): not measured yet"]
