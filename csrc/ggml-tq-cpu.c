@@ -32,6 +32,9 @@ static inline float tq_scale_of(const uint8_t *blk) {
     return tq_bf16_to_fp32((uint16_t)(blk[0] | (blk[1] << 8)));
 }
 
+/* The block's 4 sub-block multiplier indices (4 bits each, sub-block k at bits 4k..4k+3). */
+static inline unsigned tq_subs_of(const uint8_t *blk) { return (unsigned)blk[2] | ((unsigned)blk[3] << 8); }
+
 #ifdef GGML_TQ_AVX2
 static float tq_hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -200,7 +203,7 @@ static float tq_dot_avx512(int bits, int n, const uint8_t *x, const float *q) {
     const size_t bb = tq_block_bytes(bits);
     __m512 total = _mm512_setzero_ps();
     for (int b = 0; b < n / TQ_BLOCK; ++b, x += bb, q += TQ_BLOCK) {
-        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const unsigned subs = tq_subs_of(x);
         const uint8_t *p = x + TQ_HEADER_BYTES;
         __m512 blk = _mm512_setzero_ps();
         for (int k = 0; k < 4; ++k) {
@@ -219,7 +222,7 @@ static void tq_to_float_rotated_avx512(int bits, const uint8_t *x, float *y, int
     const size_t bb = tq_block_bytes(bits);
     for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
         const float s = tq_scale_of(x);
-        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const unsigned subs = tq_subs_of(x);
         const uint8_t *p = x + TQ_HEADER_BYTES;
         for (int kk = 0; kk < 4; ++kk) {
             const __m512 f = _mm512_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
@@ -249,7 +252,7 @@ void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
     const __m256 table = _mm256_loadu_ps(tq_centroids(3));
     __m256 total = _mm256_setzero_ps();
     for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ3_BLOCK_BYTES, q += TQ_BLOCK) {
-        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const unsigned subs = tq_subs_of(x);
         const uint8_t *p = x + TQ_HEADER_BYTES;
         __m256 blk = _mm256_setzero_ps();
         for (int k = 0; k < 4; ++k) {
@@ -279,7 +282,7 @@ void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx
     const __m256 hi = _mm256_loadu_ps(tq_centroids(4) + 8);
     __m256 total = _mm256_setzero_ps();
     for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ4_BLOCK_BYTES, q += TQ_BLOCK) {
-        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const unsigned subs = tq_subs_of(x);
         const uint8_t *p = x + TQ_HEADER_BYTES;
         __m256 blk = _mm256_setzero_ps();
         for (int k = 0; k < 4; ++k) {
@@ -308,7 +311,7 @@ static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64
     const size_t bb = tq_block_bytes(bits);
     for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
         const float s = tq_scale_of(x);
-        const unsigned subs = (unsigned)x[2] | ((unsigned)x[3] << 8);
+        const unsigned subs = tq_subs_of(x);
         const uint8_t *p = x + TQ_HEADER_BYTES;
         for (int kk = 0; kk < 4; ++kk) {
             const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);

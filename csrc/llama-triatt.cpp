@@ -275,6 +275,10 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         ggml_backend_tensor_get(k, slab.data(), stream * k->nb[2], row_bytes * cells.size());
         const auto * traits = ggml_get_type_traits(k->type);
         std::vector<float> keys((size_t) n * n_embd);
+        int64_t block = 64;  // upstream's K rotation: the largest power of two (>= 64) dividing the head size
+        while (ls.head_dim % (2 * block) == 0) {
+            block *= 2;
+        }
         for (int32_t c = 0; c < n; ++c) {
             const uint8_t * src = slab.data() + row_bytes * idx[c];
             float * dst = keys.data() + (size_t) c * n_embd;
@@ -284,10 +288,6 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
                 traits->to_float(src, dst, n_embd);
             }
             if (rot) {
-                int64_t block = 64;  // upstream's choice: the largest power of two (>= 64) dividing the head size
-                while (ls.head_dim % (2 * block) == 0) {
-                    block *= 2;
-                }
                 unrotate_hadamard(dst, n_embd, block);
             }
         }
