@@ -1,0 +1,465 @@
+// llama-tq: ggml-cuda glue for TQ3/TQ4: quantize on write (SET_ROWS, CPY), dequantize (GET_ROWS, CPY, the
+// to_fp16/to_fp32 converters that the FA prefill path and cuBLAS use), MUL_MAT for -fa off, FA decode dispatch.
+#include "ggml-tq-cuda.cuh"
+
+#include <cstring>
+
+#include "fattn.cuh"
+#include "tq-cuda-codec.cuh"
+#include "tq-fattn.cuh"
+
+static const tq_cu_tables & tq_tables() {
+    static const tq_cu_tables t = [] {
+        tq_cu_tables v;
+        tq_cu_tables_init(&v);
+        return v;
+    }();
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Quantize rows: one warp per 128-value block. Row i1 of the source goes to row ids[i1] (SET_ROWS) or i1 (CPY).
+
+struct tq_rows_shape {
+    int64_t nblk;          // blocks per row
+    int64_t ne1, ne2, ne3; // rows of the source
+    int64_t s1, s2, s3;    // source strides (bytes)
+    int64_t d1, d2, d3;    // destination strides (bytes)
+    int64_t i0, i1, i2;    // index strides (bytes); SET_ROWS only
+    int64_t ine1, ine2;    // index broadcast sizes
+};
+
+template <int BITS, typename src_t, typename idx_t>
+static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
+                                                                 const tq_rows_shape sh, const tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    __shared__ double ds[4][2 * TQ_CU_BLOCK];
+    __shared__ uint8_t is[4][TQ_CU_BLOCK];
+    if (threadIdx.x == 0) {
+        t = tab;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t g = (int64_t) blockIdx.x * 4 + warp;
+    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+        return;
+    }
+    const int64_t ib = g % sh.nblk;
+    int64_t r = g / sh.nblk;
+    const int64_t i1 = r % sh.ne1;
+    r /= sh.ne1;
+    const int64_t i2 = r % sh.ne2, i3 = r / sh.ne2;
+    int64_t row = i1;
+    if (ids) {
+        row = (int64_t) *reinterpret_cast<const idx_t *>(ids + i1 * sh.i0 + (i2 % sh.ine1) * sh.i1 + (i3 % sh.ine2) * sh.i2);
+    }
+    const src_t * x = reinterpret_cast<const src_t *>(src + i1 * sh.s1 + i2 * sh.s2 + i3 * sh.s3) + ib * TQ_CU_BLOCK;
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[k] = (float) x[lane + 32 * k];
+    }
+    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + i2 * sh.d2 + i3 * sh.d3) + ib * tq_cu_block_bytes(BITS);
+    tq_cu_quantize_block<BITS>(t, v, out, ds[warp], is[warp], lane);
+}
+
+template <typename src_t, typename idx_t>
+static void tq_quantize_rows(ggml_type type, const char * src, const char * ids, char * dst, const tq_rows_shape & sh,
+                             cudaStream_t stream) {
+    const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
+    if (n == 0) {
+        return;
+    }
+    const dim3 grid((unsigned) ((n + 3) / 4));
+    if (type == GGML_TYPE_TQ3) {
+        k_tq_quantize_rows<3, src_t, idx_t><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
+    } else {
+        k_tq_quantize_rows<4, src_t, idx_t><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Dequantize rows: one warp per block; source row ids[i1] (GET_ROWS) or i1.
+
+template <int BITS, typename dst_t, bool IDS>
+static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * src, const char * ids, char * dst,
+                                                                   const tq_rows_shape sh, const tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    if (threadIdx.x == 0) {
+        t = tab;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t g = (int64_t) blockIdx.x * 4 + warp;
+    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+        return;
+    }
+    const int64_t ib = g % sh.nblk;
+    int64_t r = g / sh.nblk;
+    const int64_t i1 = r % sh.ne1;
+    r /= sh.ne1;
+    const int64_t i2 = r % sh.ne2, i3 = r / sh.ne2;
+    int64_t row = i1;
+    if (IDS) {
+        row = *reinterpret_cast<const int32_t *>(ids + i1 * sh.i0 + (i2 % sh.ine1) * sh.i1 + (i3 % sh.ine2) * sh.i2);
+    }
+    const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + i2 * sh.s2 + i3 * sh.s3) + ib * tq_cu_block_bytes(BITS);
+    float y[4];
+    tq_cu_dequantize_block<BITS>(t, blk, y, lane);
+    dst_t * o = reinterpret_cast<dst_t *>(dst + i1 * sh.d1 + i2 * sh.d2 + i3 * sh.d3) + ib * TQ_CU_BLOCK;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        o[lane + 32 * k] = ggml_cuda_cast<dst_t>(y[k]);
+    }
+}
+
+template <typename dst_t, bool IDS>
+static void tq_dequantize_rows(ggml_type type, const char * src, const char * ids, char * dst, const tq_rows_shape & sh,
+                               cudaStream_t stream) {
+    const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
+    if (n == 0) {
+        return;
+    }
+    const dim3 grid((unsigned) ((n + 3) / 4));
+    if (type == GGML_TYPE_TQ3) {
+        k_tq_dequantize_rows<3, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
+    } else {
+        k_tq_dequantize_rows<4, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Same-type copy of whole blocks (rows of blocks with arbitrary strides).
+static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_rows_shape sh, int bb) {
+    const int64_t g = (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+        return;
+    }
+    const int64_t ib = g % sh.nblk;
+    int64_t r = g / sh.nblk;
+    const int64_t i1 = r % sh.ne1;
+    r /= sh.ne1;
+    const int64_t i2 = r % sh.ne2, i3 = r / sh.ne2;
+    const char * s = src + i1 * sh.s1 + i2 * sh.s2 + i3 * sh.s3 + ib * bb;
+    char * d = dst + i1 * sh.d1 + i2 * sh.d2 + i3 * sh.d3 + ib * bb;
+    for (int i = lane; i < bb; i += 32) {
+        d[i] = s[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Converters (convert.cu's getters hand these out).
+
+template <typename T>
+static void tq_to_t_cont(ggml_type type, const void * x, T * y, int64_t k, cudaStream_t stream) {
+    const int64_t bb = (int64_t) ggml_type_size(type);
+    const tq_rows_shape sh = {1, k / TQ_CU_BLOCK, 1, 1, bb, 0, 0, (int64_t) (TQ_CU_BLOCK * sizeof(T)), 0, 0, 0, 0, 0, 1, 1};
+    tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
+}
+
+template <typename T>
+static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int64_t ne01, int64_t ne02, int64_t ne03,
+                       int64_t s01, int64_t s02, int64_t s03, cudaStream_t stream) {
+    const int64_t bb = (int64_t) ggml_type_size(type);
+    const int64_t d1 = ne00 * (int64_t) sizeof(T);
+    const tq_rows_shape sh = {ne00 / TQ_CU_BLOCK, ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb,
+                              d1, d1 * ne01, d1 * ne01 * ne02, 0, 0, 0, 1, 1};
+    tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
+}
+
+#define TQ_CONVERTERS(NAME, TYPE)                                                                                    \
+    static void tq3_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ3, x, y, k, s); } \
+    static void tq4_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ4, x, y, k, s); } \
+    static void tq3_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
+                                   int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3, x, y, a, b, c, d, e, f, g, s); } \
+    static void tq4_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
+                                   int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4, x, y, a, b, c, d, e, f, g, s); }
+
+TQ_CONVERTERS(fp16, half)
+TQ_CONVERTERS(fp32, float)
+
+to_fp16_cuda_t ggml_cuda_tq_get_to_fp16(ggml_type type) {
+    return type == GGML_TYPE_TQ3 ? tq3_to_fp16 : type == GGML_TYPE_TQ4 ? tq4_to_fp16 : nullptr;
+}
+to_fp32_cuda_t ggml_cuda_tq_get_to_fp32(ggml_type type) {
+    return type == GGML_TYPE_TQ3 ? tq3_to_fp32 : type == GGML_TYPE_TQ4 ? tq4_to_fp32 : nullptr;
+}
+to_fp16_nc_cuda_t ggml_cuda_tq_get_to_fp16_nc(ggml_type type) {
+    return type == GGML_TYPE_TQ3 ? tq3_to_fp16_nc : type == GGML_TYPE_TQ4 ? tq4_to_fp16_nc : nullptr;
+}
+to_fp32_nc_cuda_t ggml_cuda_tq_get_to_fp32_nc(ggml_type type) {
+    return type == GGML_TYPE_TQ3 ? tq3_to_fp32_nc : type == GGML_TYPE_TQ4 ? tq4_to_fp32_nc : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Ops.
+
+static bool tq_is_float(ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16; }
+
+int ggml_cuda_tq_supports_op(const ggml_tensor * op) {
+    const ggml_tensor * a = op->src[0];
+    const ggml_tensor * b = op->src[1];
+    switch (op->op) {
+        case GGML_OP_SET_ROWS:
+            if (!ggml_cuda_tq_is_tq(op->type)) {
+                return -1;
+            }
+            return tq_is_float(a->type) && a->nb[0] == ggml_type_size(a->type) &&
+                   (b->type == GGML_TYPE_I64 || b->type == GGML_TYPE_I32);
+        case GGML_OP_GET_ROWS:
+            if (!ggml_cuda_tq_is_tq(a->type)) {
+                return -1;
+            }
+            return tq_is_float(op->type) && b->type == GGML_TYPE_I32 && op->nb[0] == ggml_type_size(op->type);
+        case GGML_OP_CPY:
+            if (!ggml_cuda_tq_is_tq(a->type) && !ggml_cuda_tq_is_tq(b->type)) {
+                return -1;
+            }
+            if (!ggml_are_same_shape(a, b) || a->nb[0] != ggml_type_size(a->type) || b->nb[0] != ggml_type_size(b->type)) {
+                return 0;
+            }
+            return (tq_is_float(a->type) && ggml_cuda_tq_is_tq(b->type)) ||
+                   (ggml_cuda_tq_is_tq(a->type) && tq_is_float(b->type)) || a->type == b->type;
+        case GGML_OP_MUL_MAT:
+            if (!ggml_cuda_tq_is_tq(a->type)) {
+                return -1;
+            }
+            return b->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32;
+        case GGML_OP_MUL_MAT_ID:
+            return ggml_cuda_tq_is_tq(a->type) ? 0 : -1;
+        default:
+            return -1;
+    }
+}
+
+static tq_rows_shape tq_shape_of(const ggml_tensor * src, const ggml_tensor * dst, int64_t nblk) {
+    tq_rows_shape sh = {};
+    sh.nblk = nblk;
+    sh.ne1 = src->ne[1]; sh.ne2 = src->ne[2]; sh.ne3 = src->ne[3];
+    sh.s1 = src->nb[1]; sh.s2 = src->nb[2]; sh.s3 = src->nb[3];
+    sh.d1 = dst->nb[1]; sh.d2 = dst->nb[2]; sh.d3 = dst->nb[3];
+    sh.ine1 = 1; sh.ine2 = 1;
+    return sh;
+}
+
+bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * a = dst->src[0];
+    const ggml_tensor * b = dst->src[1];
+    cudaStream_t stream = ctx.stream();
+    switch (dst->op) {
+        case GGML_OP_SET_ROWS: {
+            if (!ggml_cuda_tq_is_tq(dst->type)) {
+                return false;
+            }
+            tq_rows_shape sh = tq_shape_of(a, dst, a->ne[0] / TQ_CU_BLOCK);
+            sh.i0 = b->nb[0]; sh.i1 = b->nb[1]; sh.i2 = b->nb[2];
+            sh.ine1 = b->ne[1]; sh.ine2 = b->ne[2];
+            const char * s = (const char *) a->data;
+            const char * ids = (const char *) b->data;
+            char * d = (char *) dst->data;
+            if (a->type == GGML_TYPE_F32) {
+                b->type == GGML_TYPE_I64 ? tq_quantize_rows<float, int64_t>(dst->type, s, ids, d, sh, stream)
+                                         : tq_quantize_rows<float, int32_t>(dst->type, s, ids, d, sh, stream);
+            } else {
+                b->type == GGML_TYPE_I64 ? tq_quantize_rows<half, int64_t>(dst->type, s, ids, d, sh, stream)
+                                         : tq_quantize_rows<half, int32_t>(dst->type, s, ids, d, sh, stream);
+            }
+            return true;
+        }
+        case GGML_OP_GET_ROWS: {
+            if (!ggml_cuda_tq_is_tq(a->type)) {
+                return false;
+            }
+            // dst row (i1, i2, i3) = a row ids[i1, i2, i3] of plane (i2, i3)
+            tq_rows_shape sh = {};
+            sh.nblk = a->ne[0] / TQ_CU_BLOCK;
+            sh.ne1 = dst->ne[1]; sh.ne2 = dst->ne[2]; sh.ne3 = dst->ne[3];
+            sh.s1 = a->nb[1]; sh.s2 = a->nb[2]; sh.s3 = a->nb[3];
+            sh.d1 = dst->nb[1]; sh.d2 = dst->nb[2]; sh.d3 = dst->nb[3];
+            sh.i0 = b->nb[0]; sh.i1 = b->nb[1]; sh.i2 = b->nb[2];
+            sh.ine1 = b->ne[1]; sh.ine2 = b->ne[2];
+            if (dst->type == GGML_TYPE_F32) {
+                tq_dequantize_rows<float, true>(a->type, (const char *) a->data, (const char *) b->data, (char *) dst->data, sh, stream);
+            } else {
+                tq_dequantize_rows<half, true>(a->type, (const char *) a->data, (const char *) b->data, (char *) dst->data, sh, stream);
+            }
+            return true;
+        }
+        case GGML_OP_CPY: {
+            if (!ggml_cuda_tq_is_tq(a->type) && !ggml_cuda_tq_is_tq(b->type)) {
+                return false;
+            }
+            const char * s = (const char *) a->data;
+            char * d = (char *) b->data;
+            if (a->type == b->type) {
+                const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
+                const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
+                if (n > 0) {
+                    k_tq_copy_blocks<<<(unsigned) ((n + 3) / 4), 128, 0, stream>>>(s, d, sh, (int) ggml_type_size(a->type));
+                    CUDA_CHECK(cudaGetLastError());
+                }
+            } else if (ggml_cuda_tq_is_tq(b->type)) {
+                const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
+                a->type == GGML_TYPE_F32 ? tq_quantize_rows<float, int32_t>(b->type, s, nullptr, d, sh, stream)
+                                         : tq_quantize_rows<half, int32_t>(b->type, s, nullptr, d, sh, stream);
+            } else {
+                const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
+                b->type == GGML_TYPE_F32 ? tq_dequantize_rows<float, false>(a->type, s, nullptr, d, sh, stream)
+                                         : tq_dequantize_rows<half, false>(a->type, s, nullptr, d, sh, stream);
+            }
+            return true;
+        }
+        default:
+            return false;
+    }
+}
+
+bool ggml_cuda_tq_mul_mat(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_mul_mat_fn mul_mat) {
+    const ggml_tensor * a = dst->src[0];
+    if (!ggml_cuda_tq_is_tq(a->type)) {
+        return false;
+    }
+    // K*Q with -fa off: dequantize the K view to f16 once and let upstream pick its f16 kernel
+    ggml_cuda_pool_alloc<half> a_f16(ctx.pool(), ggml_nelements(a));
+    const int64_t bb = (int64_t) ggml_type_size(a->type);
+    tq_to_t_nc<half>(a->type, a->data, a_f16.get(), a->ne[0], a->ne[1], a->ne[2], a->ne[3], a->nb[1] / bb,
+                     a->nb[2] / bb, a->nb[3] / bb, ctx.stream());
+    ggml_tensor a16 = *a;
+    a16.type     = GGML_TYPE_F16;
+    a16.data     = a_f16.get();
+    a16.view_src = nullptr;
+    a16.nb[0]    = sizeof(half);
+    a16.nb[1]    = a16.nb[0] * a->ne[0];
+    a16.nb[2]    = a16.nb[1] * a->ne[1];
+    a16.nb[3]    = a16.nb[2] * a->ne[2];
+    mul_mat(ctx, &a16, dst->src[1], dst);
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Flash attention decode.
+
+int tq_fa_kind_of(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F16:  return TQFA_F16;
+        case GGML_TYPE_Q8_0: return TQFA_Q8_0;
+        case GGML_TYPE_TQ3:  return TQFA_TQ3;
+        case GGML_TYPE_TQ4:  return TQFA_TQ4;
+        default:             return -1;
+    }
+}
+
+bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
+    const ggml_tensor * Q = dst->src[0];
+    const ggml_tensor * K = dst->src[1];
+    const ggml_tensor * V = dst->src[2];
+    const ggml_tensor * mask  = dst->src[3];
+    const ggml_tensor * sinks = dst->src[4];
+    if (!K || !V || (!ggml_cuda_tq_is_tq(K->type) && !ggml_cuda_tq_is_tq(V->type))) {
+        return false;
+    }
+    if (tq_fa_kind_of(K->type) < 0 || tq_fa_kind_of(V->type) < 0 || Q->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
+        return false;
+    }
+    const int64_t D = Q->ne[0];
+    if ((D != 128 && D != 256) || K->ne[0] != D || V->ne[0] != D) {
+        return false;
+    }
+    if (K->ne[2] == 0 || Q->ne[2] % K->ne[2] != 0 || Q->ne[2] / K->ne[2] > TQ_FA_MAX_COLS || V->ne[2] != K->ne[2]) {
+        return false;
+    }
+    if (Q->ne[1] > TQ_FA_MAX_COLS || Q->ne[3] % K->ne[3] != 0 || Q->ne[3] % V->ne[3] != 0 || K->ne[1] != V->ne[1]) {
+        return false;
+    }
+    if (K->nb[0] != ggml_type_size(K->type) || V->nb[0] != ggml_type_size(V->type)) {
+        return false;
+    }
+    for (const ggml_tensor * t : {K, V}) { // 4-byte loads of TQ rows, 2-byte loads of q8_0/f16 rows
+        const size_t align = ggml_cuda_tq_is_tq(t->type) ? 4 : 2;
+        if (t->nb[1] % align || t->nb[2] % align || t->nb[3] % align) {
+            return false;
+        }
+    }
+    if ((mask && mask->type != GGML_TYPE_F16) || (sinks && sinks->type != GGML_TYPE_F32)) {
+        return false;
+    }
+    return K->ne[1] < INT32_MAX;
+}
+
+void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, tq_fa_params & p, int & C,
+                       int & n_chunks, int & n_kvh, int & n_seq) {
+    const ggml_tensor * Q = dst->src[0];
+    const ggml_tensor * K = dst->src[1];
+    const ggml_tensor * V = dst->src[2];
+    const ggml_tensor * mask = dst->src[3];
+
+    memset(&p, 0, sizeof p);
+    p.Q = (const char *) Q->data;
+    p.K = (const char *) K->data;
+    p.V = (const char *) V->data;
+    p.mask = mask ? (const char *) mask->data : nullptr;
+    p.nb01 = Q->nb[1]; p.nb02 = Q->nb[2]; p.nb03 = Q->nb[3];
+    p.nb11 = K->nb[1]; p.nb12 = K->nb[2]; p.nb13 = K->nb[3];
+    p.nb21 = V->nb[1]; p.nb22 = V->nb[2]; p.nb23 = V->nb[3];
+    if (mask) {
+        p.nb31 = mask->nb[1]; p.nb32 = mask->nb[2]; p.nb33 = mask->nb[3];
+        p.ne32 = (int) mask->ne[2]; p.ne33 = (int) mask->ne[3];
+    } else {
+        p.ne32 = p.ne33 = 1;
+    }
+    p.n_kv   = (int) K->ne[1];
+    p.n_q    = (int) Q->ne[1];
+    p.n_head = (int) Q->ne[2];
+    p.gqa    = (int) (Q->ne[2] / K->ne[2]);
+    p.rk3    = (int) (Q->ne[3] / K->ne[3]);
+    p.rv3    = (int) (Q->ne[3] / V->ne[3]);
+
+    float scale, max_bias, softcap;
+    memcpy(&scale,    (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&softcap,  (const float *) dst->op_params + 2, sizeof(float));
+    if (softcap != 0.0f) {
+        scale /= softcap;
+    }
+    p.scale = scale;
+    p.softcap = softcap;
+    p.max_bias = max_bias;
+    p.n_head_log2 = 1 << (int) floorf(log2f((float) p.n_head));
+    p.m0 = powf(2.0f, -(max_bias) / p.n_head_log2);
+    p.m1 = powf(2.0f, -(max_bias / 2.0f) / p.n_head_log2);
+    p.tab = tq_tables();
+
+    // columns: query rows x GQA heads, at most 8 per block
+    const int need = p.n_q * p.gqa;
+    p.tpg = need <= TQ_FA_MAX_COLS ? p.n_q : std::max(1, TQ_FA_MAX_COLS / p.gqa);
+    const int cols = p.tpg * p.gqa;
+    C = cols <= 1 ? 1 : cols <= 2 ? 2 : cols <= 4 ? 4 : 8;
+    p.n_groups = (p.n_q + p.tpg - 1) / p.tpg;
+
+    n_kvh = (int) K->ne[2];
+    n_seq = (int) Q->ne[3];
+    p.n_cols_total = n_seq * n_kvh * p.n_groups * C;
+
+    // enough chunks for ~4 blocks per SM, each a whole number of tiles
+    const int nsm    = ggml_cuda_info().devices[ctx.device].nsm;
+    const int base   = n_kvh * p.n_groups * n_seq;
+    const int tiles  = std::max(1, (p.n_kv + TQ_FA_TILE - 1) / TQ_FA_TILE);
+    const int want   = std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
+    p.chunk_keys = TQ_FA_TILE * ((tiles + want - 1) / want);
+    n_chunks = std::max(1, (p.n_kv + p.chunk_keys - 1) / p.chunk_keys);
+}
+
+bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (!ggml_cuda_tq_fattn_handles(dst)) {
+        return false;
+    }
+    switch (tq_fa_kind_of(dst->src[1]->type)) {
+        case TQFA_F16:  tq_fa_run<TQFA_F16>(ctx, dst); break;
+        case TQFA_Q8_0: tq_fa_run<TQFA_Q8_0>(ctx, dst); break;
+        case TQFA_TQ3:  tq_fa_run<TQFA_TQ3>(ctx, dst); break;
+        default:        tq_fa_run<TQFA_TQ4>(ctx, dst); break;
+    }
+    return true;
+}

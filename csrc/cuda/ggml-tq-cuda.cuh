@@ -1,0 +1,31 @@
+// llama-tq: TQ3/TQ4 in ggml's CUDA backend. The patch series calls these from ggml-cuda.cu, convert.cu and
+// fattn.cu; everything else about the types lives in csrc/cuda/.
+#pragma once
+
+#include "common.cuh"
+#include "convert.cuh"
+
+static inline bool ggml_cuda_tq_is_tq(ggml_type t) { return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4; }
+
+// supports_op for the ops the TQ types take part in. Returns -1 when no TQ type is involved (upstream decides),
+// otherwise 0 or 1.
+int ggml_cuda_tq_supports_op(const ggml_tensor * op);
+
+// SET_ROWS, GET_ROWS and CPY with a TQ operand. Returns false (and does nothing) for any other op.
+bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+
+// MUL_MAT with a TQ src0 (the -fa off K*Q): src0 is dequantized to f16 and handed to upstream's mul_mat.
+typedef void (*ggml_cuda_mul_mat_fn)(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,
+                                     const ggml_tensor * src1, ggml_tensor * dst);
+bool ggml_cuda_tq_mul_mat(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_mul_mat_fn mul_mat);
+
+// Dequantizers for convert.cu's getters (nullptr for other types).
+to_fp16_cuda_t    ggml_cuda_tq_get_to_fp16(ggml_type type);
+to_fp32_cuda_t    ggml_cuda_tq_get_to_fp32(ggml_type type);
+to_fp16_nc_cuda_t ggml_cuda_tq_get_to_fp16_nc(ggml_type type);
+to_fp32_nc_cuda_t ggml_cuda_tq_get_to_fp32_nc(ggml_type type);
+
+// FLASH_ATTN_EXT decode with TQ K and/or V read from the cache (tq-fattn.cuh). handles() says whether the op
+// is taken (then it needs no f16 copies of K/V); run() returns false when it is not.
+bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst);
+bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst);

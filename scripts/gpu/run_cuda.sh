@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds, tests and benchmarks llama-tq's CUDA kernels on a GPU machine, from what scripts/gpu/pack.sh put in
+# .gpu/. Stages (default: all), each writing its log/results into $RES (default $OUT, else bench/results/cuda):
+#   build  patched llama.cpp (sm_90 unless CUDA_ARCH is set): test-backend-ops, llama-bench, llama-perplexity
+#   exact  GPU quantizer vs the C codec, byte for byte, on 2^20 random blocks per type (tests/cuda)
+#   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
+#   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side
+#   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
+#   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
+#   usage: scripts/gpu/run_cuda.sh [stage ...]
+# shellcheck disable=SC2317  # the stage_* functions are called by name
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root" || exit 1
+RES=${RES:-${OUT:-bench/results/cuda}}
+W=${WORK:-/root/lt}
+ARCH=${CUDA_ARCH:-90}
+mkdir -p "$RES" "$W"
+bin="$W/build/bin"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build exact ops perf ppl bench)
+fail=0
+
+note() { printf '== %s\n' "$*" | tee -a "$RES/run.log"; }
+
+stage_build() {
+    rm -rf "$W/src" && mkdir -p "$W/src" && tar xzf .gpu/llama-tq-src.tar.gz -C "$W/src" || return 1
+    local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    cmake -S "$W/src" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
+        -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=0c1e570 > "$RES/build.log" 2>&1 || return 1
+    /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" test-backend-ops llama-bench llama-perplexity \
+        >> "$RES/build.log" 2>&1
+    local rc=$?
+    tail -1 "$RES/build.log"
+    return "$rc"
+}
+
+stage_exact() {
+    gcc -O2 -std=c11 -ffp-contract=off -c csrc/tq_codec.c -o "$W/tq_codec.o" || return 1
+    nvcc -O2 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc -Icsrc/cuda tests/cuda/tq_quant_exact.cu \
+        "$W/tq_codec.o" -o "$W/tq_quant_exact" || return 1
+    "$W/tq_quant_exact" 1048576 | tee "$RES/quant_exact.txt"
+}
+
+stage_ops() {
+    local rc=0 op
+    for op in SET_ROWS GET_ROWS CPY MUL_MAT FLASH_ATTN_EXT; do
+        "$bin/test-backend-ops" test -b CUDA0 -o "$op" -p 'tq[34]' > "$RES/ops_$op.log" 2>&1 || rc=1
+        printf '%-15s %s\n' "$op" "$(grep -E 'tests passed|Backend CUDA0' "$RES/ops_$op.log" | tail -1)"
+        grep -c 'FAIL' "$RES/ops_$op.log" | xargs printf '%-15s FAIL lines: %s\n' "$op"
+    done
+    return "$rc"
+}
+
+stage_perf() {
+    "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
+        -p 'hsk=128,hsv=128,nh=(4,nr23=\[4,1\]|8,nr23=\[4,4\]|8,nr23=\[4,1\],kv=8192,nb=512,)' \
+        > "$RES/fa_perf.log" 2>&1
+    local rc=$?
+    grep -E 'FLASH_ATTN_EXT' "$RES/fa_perf.log" | sed 's/  */ /g'
+    return "$rc"
+}
+
+stage_ppl() {
+    local model="$W/model.gguf"
+    if [ ! -f "$model" ]; then
+        cat "$W"/model.part* > "$model" 2>/dev/null || cat .gpu/model.part* > "$model"
+    fi
+    [ "$(sha256sum "$model" | cut -d' ' -f1)" = "$(cat .gpu/model.sha256)" ] || { echo "model pieces incomplete"; return 1; }
+    local kv ngl rc=0
+    for kv in f16 tq3; do
+        for ngl in 99 0; do
+            "$bin/llama-perplexity" -m "$model" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 -fa on \
+                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$RES/ppl_${kv}_ngl$ngl.log" 2>&1 || rc=1
+            printf 'ppl %-4s ngl %-2s %s\n' "$kv" "$ngl" "$(grep 'Final estimate' "$RES/ppl_${kv}_ngl$ngl.log")"
+        done
+    done
+    return "$rc"
+}
+
+stage_bench() {
+    PYTHONPATH="$W/src/gguf-py" python3 bench/synth_model.py "$W/synth.gguf" > /dev/null || return 1
+    local t rc=0
+    : > "$RES/llama_bench.md"
+    for t in f16 q8_0 q4_0 tq4 tq3; do
+        "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d 0,8192,32768 -r "${BENCH_REPS:-10}" \
+            -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
+    done
+    return "$rc"
+}
+
+for s in "${stages[@]}"; do
+    note "$s"
+    start=$(date +%s)
+    if ! "stage_$s"; then
+        note "$s FAILED"
+        fail=1
+    fi
+    note "$s took $(( $(date +%s) - start )) s"
+done
+exit $fail

@@ -1,0 +1,183 @@
+// GPU quantizer == C codec, byte for byte, on N random blocks per type (default 1,048,576), plus the GPU
+// dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
+// that the kernel's float operations survive those flags.
+//
+//   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc -Icsrc/cuda tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
+//   ./tq_quant_exact [n_blocks]          prints one line per type and exits non-zero on any mismatch
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tq-cuda-codec.cuh"
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e_ = (x);                                                               \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+template <int BITS>
+__global__ void k_quant(const float * x, uint8_t * out, int64_t n, tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    __shared__ double ds[4][2 * TQ_CU_BLOCK];
+    __shared__ uint8_t is[4][TQ_CU_BLOCK];
+    if (threadIdx.x == 0) {
+        t = tab;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t b = (int64_t) blockIdx.x * 4 + warp;
+    if (b >= n) {
+        return;
+    }
+    float v[4];
+    for (int r = 0; r < 4; ++r) {
+        v[r] = x[b * TQ_CU_BLOCK + lane + 32 * r];
+    }
+    tq_cu_quantize_block<BITS>(t, v, out + b * tq_cu_block_bytes(BITS), ds[warp], is[warp], lane);
+}
+
+template <int BITS>
+__global__ void k_dequant(const uint8_t * in, float * y, int64_t n, tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    if (threadIdx.x == 0) {
+        t = tab;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t b = (int64_t) blockIdx.x * 4 + warp;
+    if (b >= n) {
+        return;
+    }
+    float v[4];
+    tq_cu_dequantize_block<BITS>(t, in + b * tq_cu_block_bytes(BITS), v, lane);
+    for (int r = 0; r < 4; ++r) {
+        y[b * TQ_CU_BLOCK + lane + 32 * r] = v[r];
+    }
+}
+
+// Random blocks of many kinds: Gaussian at scales 1e-38..1e30, Laplace, offsets, one-hot, ramps; the first
+// blocks are the edge cases (zero, huge, subnormal, NaN, Inf, mixed magnitudes).
+static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> gauss(0.0f, 1.0f);
+    std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+    x.assign((size_t) n * TQ_CU_BLOCK, 0.0f);
+    for (int64_t b = 0; b < n; ++b) {
+        float * v = x.data() + b * TQ_CU_BLOCK;
+        const int kind = b < 16 ? (int) b : 16 + (int) (rng() % 8);
+        const float scale = powf(10.0f, -38.0f + 68.0f * uni(rng));
+        for (int i = 0; i < TQ_CU_BLOCK; ++i) {
+            switch (kind) {
+                case 0: v[i] = 0.0f; break;
+                case 1: v[i] = 3.0e38f * (i % 2 ? 1.0f : -1.0f); break;
+                case 2: v[i] = 1.0e-41f * gauss(rng); break;
+                case 3: v[i] = i == 5 ? NAN : gauss(rng); break;
+                case 4: v[i] = i == 77 ? INFINITY : gauss(rng); break;
+                case 5: v[i] = i < 4 ? 1.0e30f * gauss(rng) : 1.0e-30f * gauss(rng); break;
+                case 6: v[i] = i == 17 ? 3.0f : 0.0f; break;
+                case 7: v[i] = 1.0f; break;
+                case 8: v[i] = -2.5e38f; break;
+                case 9: v[i] = 1.0e-45f * (float) (i % 3); break;
+                case 16: case 17: case 18: v[i] = scale * gauss(rng); break;
+                case 19: v[i] = scale * (uni(rng) < 0.5f ? -1.0f : 1.0f) * -logf(uni(rng) + 1e-30f); break;
+                case 20: v[i] = 5.0f + 1e-3f * gauss(rng); break;
+                case 21: v[i] = (i % 3 == 0 ? 2.0f : -0.5f) * scale; break;
+                case 22: v[i] = gauss(rng) * (i < 4 ? 30.0f : 1.0f); break;
+                default: v[i] = gauss(rng) * (float) (1 + (i % 7)); break;
+            }
+        }
+    }
+}
+
+template <int BITS>
+static int check(int64_t n, const tq_cu_tables & tab) {
+    const int bb = tq_cu_block_bytes(BITS);
+    std::vector<float> x;
+    make_inputs(x, n, 0x54510000u + BITS);
+
+    std::vector<uint8_t> cpu((size_t) n * bb), gpu((size_t) n * bb);
+    const int nt = (int) std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> th;
+    for (int t = 0; t < nt; ++t) {
+        th.emplace_back([&, t] {
+            for (int64_t b = t; b < n; b += nt) {
+                tq_quantize_block(BITS, x.data() + b * TQ_CU_BLOCK, cpu.data() + b * bb);
+            }
+        });
+    }
+    for (auto & t : th) {
+        t.join();
+    }
+
+    float * dx;
+    uint8_t * dq;
+    float * dy;
+    CK(cudaMalloc(&dx, x.size() * sizeof(float)));
+    CK(cudaMalloc(&dq, gpu.size()));
+    CK(cudaMalloc(&dy, x.size() * sizeof(float)));
+    CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    k_quant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dx, dq, n, tab);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));
+
+    int64_t bad = 0;
+    for (int64_t b = 0; b < n; ++b) {
+        if (memcmp(cpu.data() + b * bb, gpu.data() + b * bb, bb) != 0) {
+            if (bad < 5) {
+                fprintf(stderr, "tq%d block %lld differs (first bytes cpu %02x%02x%02x%02x gpu %02x%02x%02x%02x)\n", BITS,
+                        (long long) b, cpu[b * bb], cpu[b * bb + 1], cpu[b * bb + 2], cpu[b * bb + 3], gpu[b * bb],
+                        gpu[b * bb + 1], gpu[b * bb + 2], gpu[b * bb + 3]);
+            }
+            ++bad;
+        }
+    }
+
+    // dequantize the (identical) bytes on both sides
+    k_dequant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dq, dy, n, tab);
+    CK(cudaGetLastError());
+    std::vector<float> ygpu(x.size()), ycpu(x.size());
+    CK(cudaMemcpy(ygpu.data(), dy, ygpu.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double max_rel = 0.0;
+    int64_t nan_mismatch = 0;
+    for (int64_t b = 0; b < n; ++b) {
+        tq_dequantize_block(BITS, cpu.data() + b * bb, ycpu.data() + b * TQ_CU_BLOCK);
+        double num = 0.0, den = 0.0;
+        for (int i = 0; i < TQ_CU_BLOCK; ++i) {
+            const float c = ycpu[b * TQ_CU_BLOCK + i], g = ygpu[b * TQ_CU_BLOCK + i];
+            if (std::isnan(c) != std::isnan(g)) {
+                ++nan_mismatch;
+                continue;
+            }
+            if (std::isnan(c)) {
+                continue;
+            }
+            num += ((double) c - g) * ((double) c - g);
+            den += (double) c * c;
+        }
+        if (den > 0.0) {
+            max_rel = std::max(max_rel, std::sqrt(num / den));
+        }
+    }
+    CK(cudaFree(dx));
+    CK(cudaFree(dq));
+    CK(cudaFree(dy));
+    const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6;
+    printf("tq%d: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s\n",
+           BITS, (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char ** argv) {
+    const int64_t n = argc > 1 ? atoll(argv[1]) : (1 << 20);
+    tq_cu_tables tab;
+    tq_cu_tables_init(&tab);
+    return check<3>(n, tab) | check<4>(n, tab);
+}
