@@ -167,28 +167,45 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, const float 
             y[r] = tq_fmul(y[r], 0.08838834764831845f);
         }
 
-        uint32_t pick[4];
+        // The 16 multipliers are tried in the codec's order for each sub-block; the 4 sub-blocks run side by
+        // side so their shuffle chains overlap (one warp's latency, not four).
+        uint32_t pick[4] = {0, 0, 0, 0};
+        float best_err[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            float best_err = __uint_as_float(0x7f800000u);
-            uint32_t best = 0;
-            for (uint32_t j = 0; j < 16; ++j) {
-                const float m = t.sub[j];
-                int k = 0;
+            best_err[r] = __uint_as_float(0x7f800000u);
+        }
+        for (uint32_t j = 0; j < 16; ++j) {
+            const float m = t.sub[j];
+            float bm[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                bm[b] = tq_fmul(m, bound[b]);
+            }
+            int k[4];
+            float err[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                k[r] = 0;
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
-                    k += tq_fgt(y[r], tq_fmul(m, bound[b]));
+                    k[r] += tq_fgt(y[r], bm[b]);
                 }
-                const float d   = tq_fsub(y[r], tq_fmul(m, cent[k]));
-                const float err = tq_cu_subblock_err(tq_fmul(d, d));
-                if (tq_flt(err, best_err)) {
-                    best_err = err;
-                    best     = j;
-                    idx[r]   = (uint8_t) k;
+                const float d = tq_fsub(y[r], tq_fmul(m, cent[k[r]]));
+                err[r] = tq_cu_subblock_err(tq_fmul(d, d));
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                if (tq_flt(err[r], best_err[r])) {
+                    best_err[r] = err[r];
+                    pick[r]     = j;
+                    idx[r]      = (uint8_t) k[r];
                 }
             }
-            pick[r] = best;
-            subs |= best << (4 * r);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            subs |= pick[r] << (4 * r);
         }
 
         // least-squares scale: sequential double sums over the block in index order (exact products)

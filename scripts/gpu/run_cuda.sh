@@ -7,6 +7,7 @@
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
+#   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317  # the stage_* functions are called by name
 set -uo pipefail
@@ -18,7 +19,7 @@ ARCH=${CUDA_ARCH:-90}
 mkdir -p "$RES" "$W"
 bin="$W/build/bin"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build exact ops perf ppl bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build exact ops perf ppl bench ncu)
 fail=0
 
 note() { printf '== %s\n' "$*" | tee -a "$RES/run.log"; }
@@ -56,7 +57,7 @@ stage_ops() {
 
 stage_perf() {
     "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
-        -p 'hsk=128,hsv=128,nh=(4,nr23=\[4,1\]|8,nr23=\[4,4\]|8,nr23=\[4,1\],kv=8192,nb=512,)' \
+        -p 'hsk=128,hsv=128,nh=(4,nr23=\[4,1\],kv=32768|8,nr23=\[4,4\]|8,nr23=\[4,1\],kv=8192,nb=512,)' \
         > "$RES/fa_perf.log" 2>&1
     local rc=$?
     grep -E 'FLASH_ATTN_EXT' "$RES/fa_perf.log" | sed 's/  */ /g'
@@ -88,6 +89,16 @@ stage_bench() {
         "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d 0,8192,32768 -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
     done
+    return "$rc"
+}
+
+stage_ncu() {
+    ncu --kernel-name regex:tq_fa_decode_kernel --launch-count 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
+        -p 'nh=8,nr23=\[4,4\],kv=32768,nb=1,.*type_K=tq3,type_V=tq3' > "$RES/ncu_tq3_decode.txt" 2>&1
+    local rc=$?
+    grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Theoretical Occupancy|Stall' \
+        "$RES/ncu_tq3_decode.txt" | head -20
     return "$rc"
 }
 
