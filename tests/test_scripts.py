@@ -12,7 +12,7 @@ import pytest
 from llama_tq.demo import default_text
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((REPO / "scripts").glob("*.sh"))
+SCRIPTS = sorted((REPO / "scripts").rglob("*.sh"))
 
 
 def sh(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -27,7 +27,7 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[str(s.relative_to(REPO / "scripts")) for s in SCRIPTS])
 def test_shellcheck_clean(script: Path) -> None:
     exe = shutil.which("shellcheck")
     if exe is None:

@@ -1,0 +1,95 @@
+"""CI has no GPU: compile-check the CUDA sources with nvcc instead (the GPU tests are scripts/gpu/run_cuda.sh).
+
+Compiled for sm_90 with ggml-cuda's own flags (-use_fast_math -extended-lambda), from the base with the whole
+series applied: every csrc/cuda/*.cu as installed in ggml/src/ggml-cuda/tq/ (warnings are errors), the patched
+upstream convert.cu and ggml-cuda.cu, and the standalone exactness test tests/cuda/tq_quant_exact.cu, linked
+against the C codec. fattn.cu is left out: it needs the per-type-pair defines that ggml-cuda's CMake generates.
+ggml-cuda's headers include cuBLAS's, which the CUDA compiler package here lacks: the headers are taken from
+PyPI's nvidia-cublas wheel once (only include/ is kept, in the llama-tq cache).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from llama_tq import base, patcher
+
+REPO = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA sources cannot be compile-checked")
+
+FLAGS = ["-O2", "-std=c++17", "-arch=sm_90", "-use_fast_math", "-extended-lambda", "-DGGML_USE_CUDA"]
+
+
+def cublas_headers() -> Path:
+    inc = base.cache_dir() / "cublas-include"
+    if (inc / "cublas_v2.h").is_file():
+        return inc
+    wheels = base.cache_dir() / "cublas-wheel"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
+         "nvidia-cublas>=13,<14"],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cuBLAS headers unavailable (pip download nvidia-cublas failed): {proc.stderr[-300:]}")
+    whl = next(wheels.glob("nvidia_cublas-*.whl"))
+    tmp = inc.with_name("cublas-include.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(whl) as z:
+        for name in z.namelist():
+            if "/include/" in name and not name.endswith("/"):
+                target = tmp / name.split("/include/", 1)[1]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(z.read(name))
+    shutil.rmtree(wheels)
+    tmp.rename(inc)
+    return inc
+
+
+@pytest.fixture(scope="module")
+def patched(base_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("cuda") / "llama.cpp"
+    shutil.copytree(base_tree, dst, symlinks=True, ignore=shutil.ignore_patterns("models", "docs", "examples"))
+    patcher.apply(dst)
+    return dst
+
+
+def nvcc(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert NVCC is not None
+    return subprocess.run([NVCC, *FLAGS, *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
+    cuda = patched / "ggml" / "src" / "ggml-cuda"
+    inc = [f"-I{p}" for p in (patched / "ggml/include", patched / "ggml/src", cuda, cuda / "tq",
+                              patched / "ggml/src/tq", cublas_headers())]
+    ours = sorted((cuda / "tq").glob("*.cu"))
+    assert {p.name for p in ours} == {p.name for p in (REPO / "csrc/cuda").glob("*.cu")}
+    jobs = [([*inc, "-Werror", "all-warnings", "-c", str(p), "-o", str(tmp_path / f"{p.stem}.o")], p.name)
+            for p in ours]
+    jobs += [([*inc, "-c", str(cuda / f"{n}.cu"), "-o", str(tmp_path / f"{n}.o")], f"{n}.cu (patched)")
+             for n in ("convert", "ggml-cuda")]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(lambda j: (j[1], nvcc(j[0], cuda)), jobs))
+    failed = {name: proc.stderr[-2000:] for name, proc in results if proc.returncode != 0}
+    assert not failed, failed
+
+
+def test_exactness_test_builds(tmp_path: Path) -> None:
+    codec = tmp_path / "tq_codec.o"
+    subprocess.run(["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/tq_codec.c"), "-o",
+                    str(codec)], check=True)
+    exe = tmp_path / "tq_quant_exact"
+    proc = nvcc(["-I" + str(REPO / "csrc"), "-I" + str(REPO / "csrc/cuda"), str(REPO / "tests/cuda/tq_quant_exact.cu"),
+                 str(codec), "-o", str(exe)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert exe.stat().st_size > 0
