@@ -9,7 +9,7 @@
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
-# shellcheck disable=SC2317  # the stage_* functions are called by name
+# shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
