@@ -29,6 +29,30 @@ struct tq_rows_shape {
     int64_t ine1, ine2;    // index broadcast sizes
 };
 
+// Where the calling warp's block sits: block ib of row i1 of plane (i2, i3). False past the last block.
+struct tq_rows_pos {
+    int64_t ib, i1, i2, i3;
+};
+static __device__ __forceinline__ bool tq_rows_locate(const tq_rows_shape & sh, tq_rows_pos & p) {
+    const int64_t g = (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+        return false;
+    }
+    p.ib = g % sh.nblk;
+    int64_t r = g / sh.nblk;
+    p.i1 = r % sh.ne1;
+    r /= sh.ne1;
+    p.i2 = r % sh.ne2;
+    p.i3 = r / sh.ne2;
+    return true;
+}
+
+// The row index that SET_ROWS/GET_ROWS read for position p (index tensor broadcast over planes).
+template <typename idx_t>
+static __device__ __forceinline__ int64_t tq_rows_id(const char * ids, const tq_rows_shape & sh, const tq_rows_pos & p) {
+    return (int64_t) *reinterpret_cast<const idx_t *>(ids + p.i1 * sh.i0 + (p.i2 % sh.ine1) * sh.i1 + (p.i3 % sh.ine2) * sh.i2);
+}
+
 template <int BITS, typename src_t, typename idx_t>
 static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
                                                                  const tq_rows_shape sh, const tq_cu_tables tab) {
@@ -40,26 +64,18 @@ static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * sr
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t g = (int64_t) blockIdx.x * 4 + warp;
-    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+    tq_rows_pos p;
+    if (!tq_rows_locate(sh, p)) {
         return;
     }
-    const int64_t ib = g % sh.nblk;
-    int64_t r = g / sh.nblk;
-    const int64_t i1 = r % sh.ne1;
-    r /= sh.ne1;
-    const int64_t i2 = r % sh.ne2, i3 = r / sh.ne2;
-    int64_t row = i1;
-    if (ids) {
-        row = (int64_t) *reinterpret_cast<const idx_t *>(ids + i1 * sh.i0 + (i2 % sh.ine1) * sh.i1 + (i3 % sh.ine2) * sh.i2);
-    }
-    const src_t * x = reinterpret_cast<const src_t *>(src + i1 * sh.s1 + i2 * sh.s2 + i3 * sh.s3) + ib * TQ_CU_BLOCK;
+    const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
+    const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * TQ_CU_BLOCK;
     float v[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         v[k] = (float) x[lane + 32 * k];
     }
-    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + i2 * sh.d2 + i3 * sh.d3) + ib * tq_cu_block_bytes(BITS);
+    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * tq_cu_block_bytes(BITS);
     tq_cu_quantize_block<BITS>(t, v, out, ds[warp], is[warp], lane);
 }
 
@@ -90,24 +106,16 @@ static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * 
         t = tab;
     }
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t g = (int64_t) blockIdx.x * 4 + warp;
-    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+    const int lane = threadIdx.x & 31;
+    tq_rows_pos p;
+    if (!tq_rows_locate(sh, p)) {
         return;
     }
-    const int64_t ib = g % sh.nblk;
-    int64_t r = g / sh.nblk;
-    const int64_t i1 = r % sh.ne1;
-    r /= sh.ne1;
-    const int64_t i2 = r % sh.ne2, i3 = r / sh.ne2;
-    int64_t row = i1;
-    if (IDS) {
-        row = *reinterpret_cast<const int32_t *>(ids + i1 * sh.i0 + (i2 % sh.ine1) * sh.i1 + (i3 % sh.ine2) * sh.i2);
-    }
-    const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + i2 * sh.s2 + i3 * sh.s3) + ib * tq_cu_block_bytes(BITS);
+    const int64_t row = IDS ? tq_rows_id<int32_t>(ids, sh, p) : p.i1;
+    const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * tq_cu_block_bytes(BITS);
     float y[4];
     tq_cu_dequantize_block<BITS>(t, blk, y, lane);
-    dst_t * o = reinterpret_cast<dst_t *>(dst + i1 * sh.d1 + i2 * sh.d2 + i3 * sh.d3) + ib * TQ_CU_BLOCK;
+    dst_t * o = reinterpret_cast<dst_t *>(dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * TQ_CU_BLOCK;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         o[lane + 32 * k] = ggml_cuda_cast<dst_t>(y[k]);
@@ -132,18 +140,13 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
 
 // Same-type copy of whole blocks (rows of blocks with arbitrary strides).
 static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_rows_shape sh, int bb) {
-    const int64_t g = (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
+    tq_rows_pos p;
+    if (!tq_rows_locate(sh, p)) {
         return;
     }
-    const int64_t ib = g % sh.nblk;
-    int64_t r = g / sh.nblk;
-    const int64_t i1 = r % sh.ne1;
-    r /= sh.ne1;
-    const int64_t i2 = r % sh.ne2, i3 = r / sh.ne2;
-    const char * s = src + i1 * sh.s1 + i2 * sh.s2 + i3 * sh.s3 + ib * bb;
-    char * d = dst + i1 * sh.d1 + i2 * sh.d2 + i3 * sh.d3 + ib * bb;
+    const char * s = src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3 + p.ib * bb;
+    char * d = dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3 + p.ib * bb;
     for (int i = lane; i < bb; i += 32) {
         d[i] = s[i];
     }
@@ -293,19 +296,17 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             }
             const char * s = (const char *) a->data;
             char * d = (char *) b->data;
+            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
             if (a->type == b->type) {
-                const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
                 const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
                 if (n > 0) {
                     k_tq_copy_blocks<<<(unsigned) ((n + 3) / 4), 128, 0, stream>>>(s, d, sh, (int) ggml_type_size(a->type));
                     CUDA_CHECK(cudaGetLastError());
                 }
             } else if (ggml_cuda_tq_is_tq(b->type)) {
-                const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
                 a->type == GGML_TYPE_F32 ? tq_quantize_rows<float, int32_t>(b->type, s, nullptr, d, sh, stream)
                                          : tq_quantize_rows<half, int32_t>(b->type, s, nullptr, d, sh, stream);
             } else {
-                const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
                 b->type == GGML_TYPE_F32 ? tq_dequantize_rows<float, false>(a->type, s, nullptr, d, sh, stream)
                                          : tq_dequantize_rows<half, false>(a->type, s, nullptr, d, sh, stream);
             }
