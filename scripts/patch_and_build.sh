@@ -17,15 +17,11 @@ results=patch_and_build_results.txt
 llama-tq patch "$src" --check | tee "$results"
 llama-tq patch "$src" | tee -a "$results"
 
-flags=()
-# GGML_NATIVE enables AMX on CPUs that have it, and ggml's AMX path segfaults on the machines we build on.
-if echo 'int main(void){return 0;}' | cc -x c -mno-amx-tile -o /dev/null - 2>/dev/null; then
-    flags+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-            "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
-fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 start=$(date +%s)
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF "${flags[@]}" "$@"
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DCMAKE_PROJECT_INCLUDE="$here/../cmake/no_amx.cmake" "$@"  # the AMX workaround (cmake/no_amx.cmake)
 cmake --build "$build" -j "$(nproc)" --target llama-perplexity llama-completion llama-bench
 echo "build wall time: $(( $(date +%s) - start )) s" | tee -a "$results"
 "$build/bin/llama-completion" --version 2>&1 | tee -a "$results"

@@ -11,6 +11,8 @@ import pytest
 import llama_tq
 
 REPO = Path(__file__).resolve().parents[1]
+CODEC = REPO / "csrc" / "codec"
+CPU = REPO / "csrc" / "llama.cpp" / "ggml" / "src" / "tq"  # the CPU backend's TQ kernels, as installed
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -18,8 +20,8 @@ def test_c_codec_under_sanitizers(tmp_path: Path) -> None:
     exe = tmp_path / "test_codec_edges"
     cmd = [
         "gcc", "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
-        "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-I", str(REPO / "csrc"),
-        str(REPO / "csrc" / "tq_codec.c"), str(REPO / "tests" / "c" / "test_codec_edges.c"), "-lm", "-o", str(exe),
+        "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-I", str(CODEC),
+        str(CODEC / "tq_codec.c"), str(REPO / "tests" / "c" / "test_codec_edges.c"), "-lm", "-o", str(exe),
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
@@ -59,9 +61,9 @@ def test_cpu_kernels_match_codec(tmp_path: Path, isa: str, flags: list[str], nee
         pytest.skip(f"host lacks {sorted(missing)}")
     exe = tmp_path / "test_tq_cpu_kernels"
     cmd = [
-        "gcc", "-std=c11", "-O2", *flags, "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-I", str(REPO / "csrc"),
-        "-I", str(llama_tq.include_dir()),  # ggml.h, for the glue's ggml types
-        str(REPO / "csrc" / "tq_codec.c"), str(REPO / "csrc" / "ggml-tq-cpu.c"),
+        "gcc", "-std=c11", "-O2", *flags, "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-I", str(CODEC),
+        "-I", str(CPU), "-I", str(llama_tq.include_dir()),  # ggml.h, for the glue's ggml types
+        str(CODEC / "tq_codec.c"), str(CPU / "ggml-tq-cpu.c"),
         str(REPO / "tests" / "c" / "test_tq_cpu_kernels.c"), "-lm", "-o", str(exe),
     ]  # fmt: skip
     subprocess.run(cmd, check=True)

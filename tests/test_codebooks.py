@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_header_is_solver_output() -> None:
     books = [solve(3), solve(4)]
-    assert (REPO / "csrc" / "tq_codebooks.h").read_text() == render_header(books)
+    assert (REPO / "csrc" / "codec" / "tq_codebooks.h").read_text() == render_header(books)
 
 
 def test_codebooks_are_symmetric_and_sorted() -> None:

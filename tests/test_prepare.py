@@ -55,7 +55,7 @@ def test_edited_csrc_is_refreshed_without_re_extracting(tree: Path, tmp_path: Pa
     prepare.prepare(dest, src=tree, series=series)
     marker = dest / "ggml" / "marker"
     marker.write_text("kept")  # would vanish if the tree were extracted again
-    (root / "csrc" / "tq_codec.c").write_text((root / "csrc" / "tq_codec.c").read_text() + "/* edited */\n")
+    (root / "csrc" / "codec" / "tq_codec.c").write_text((root / "csrc" / "codec" / "tq_codec.c").read_text() + "/* edited */\n")
     msg = prepare.prepare(dest, src=tree, series=series)
     assert "up to date (1 csrc files refreshed)" in msg
     assert (dest / "ggml/src/tq/tq_codec.c").read_text().endswith("/* edited */\n")

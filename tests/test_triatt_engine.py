@@ -1,4 +1,4 @@
-"""The TriAttention engine (csrc/triatt.c via llama_tq._triatt): selection policies against an independent NumPy
+"""The TriAttention engine (csrc/triatt/triatt.c via llama_tq._triatt): selection policies against an independent NumPy
 implementation and their invariants, settings validation, and the score against a brute-force NumPy reference."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* Times the CPU kernels of csrc/ggml-tq-cpu.c for whichever instruction set they were compiled for: quantize
+/* Times the CPU kernels of csrc/llama.cpp/ggml/src/tq/ggml-tq-cpu.c for whichever instruction set they were compiled for: quantize
  * (KV write), rotated-domain K.Q dot, rotated V row decode. One line of JSON per (type, kernel). Built and run
  * once per ISA by bench/kernel_isa.py. */
 #define _POSIX_C_SOURCE 199309L

@@ -1,14 +1,19 @@
 """llama-tq: TurboQuant KV cache types (TQ3/TQ4) and TriAttention eviction for llama.cpp.
 
-The codec functions come from the compiled module `llama_tq._codec` (built from csrc/tq_codec.c);
-they are loaded on first use so that the build can import this package before the module exists.
+The package by concern:
+  runtime API (this module)   the codec on numpy arrays (compiled from csrc/codec/tq_codec.c, loaded on first
+                              use so that the build can import the package before the module exists), the
+                              shipped tools and libraries, llama-cpp-python bound to them, memory report, validate
+  llama_tq.tooling            the pinned base, the patch applier, build preparation, the dev tree, codebook solver
+  llama_tq.harness            the measurement protocols: ppl, niah, bench, demo, v3 (one implementation)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .binding import GGML_TYPE_TQ3, GGML_TYPE_TQ4, llama_cpp, triatt_configure, triatt_stats
+from .binding import llama_cpp, triatt_configure, triatt_default_params, triatt_stats
+from .errors import LlamaTqError
 from .paths import bin_dir, include_dir, lib_dir
 
 __version__ = "0.1.0"
@@ -17,12 +22,14 @@ _CODEC_NAMES = {"quantize", "dequantize", "rotate", "unrotate", "codebook", "sig
 __all__ = [
     "GGML_TYPE_TQ3",
     "GGML_TYPE_TQ4",
+    "LlamaTqError",
     "bin_dir",
     "include_dir",
     "lib_dir",
     "llama_cpp",
     "memory_report",
     "triatt_configure",
+    "triatt_default_params",
     "triatt_stats",
     "validate",
     *sorted(_CODEC_NAMES),
@@ -34,6 +41,10 @@ def __getattr__(name: str) -> Any:
         from . import _codec
 
         return getattr(_codec, name)
+    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4"):  # the shipped library's ids, read at run time
+        from . import binding
+
+        return getattr(binding, name)
     if name == "validate":
         from .validate import validate
 

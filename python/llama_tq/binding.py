@@ -9,18 +9,16 @@ llama_tq.triatt_configure(llm, budget=4096)          # TriAttention V3 eviction 
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import os
 import subprocess
 import sys
 from types import ModuleType
 
-from . import base
+from .errors import ToolError, UsageError
 from .paths import lib_dir
-
-# ggml_type values registered by the patch series (after upstream's last type, GGML_TYPE_Q2_0 = 42)
-GGML_TYPE_TQ3 = 43
-GGML_TYPE_TQ4 = 44
+from .tooling import base
 
 _RUNTIME_DEPS = ["typing-extensions>=4.5", "diskcache>=5.6", "jinja2>=2.11"]
 
@@ -35,7 +33,7 @@ def install_llama_cpp_python() -> str:
     ):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise ToolError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return f"installed llama-cpp-python {base.SDIST_VERSION}; use it with LLAMA_CPP_LIB_PATH={lib_dir()}"
 
 
@@ -46,7 +44,53 @@ def llama_cpp() -> ModuleType:
     try:
         return importlib.import_module("llama_cpp")
     except ImportError as e:
-        raise ImportError("llama-cpp-python is not installed: run `llama-tq python-binding`") from e
+        raise ToolError("llama-cpp-python is not installed: run `llama-tq python-binding`") from e
+
+
+class TriattParams(ctypes.Structure):
+    """struct llama_triatt_params (include/llama.h, patch 0004)."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in
+                ("budget", "hybrid", "prefix", "window", "segments", "divide", "warmup", "boundary_skip")]  # fmt: skip
+
+
+@functools.cache
+def _libllama() -> ctypes.CDLL:
+    path = lib_dir() / "libllama.so"
+    if not path.is_file():
+        raise ToolError(f"{path} is missing: this install was built without the llama.cpp libraries")
+    lib = ctypes.CDLL(str(path))  # the same handle llama_cpp loaded
+    lib.llama_triatt_default_params.argtypes = []
+    lib.llama_triatt_default_params.restype = TriattParams
+    lib.llama_triatt_configure.argtypes = [ctypes.c_void_p, ctypes.POINTER(TriattParams), ctypes.c_char_p,
+                                           ctypes.c_size_t]  # fmt: skip
+    lib.llama_triatt_configure.restype = ctypes.c_int32
+    lib.llama_triatt_n_rounds.argtypes = [ctypes.c_void_p]
+    lib.llama_triatt_n_rounds.restype = ctypes.c_int32
+    lib.llama_triatt_n_evicted.argtypes = [ctypes.c_void_p]
+    lib.llama_triatt_n_evicted.restype = ctypes.c_int64
+    return lib
+
+
+@functools.cache
+def ggml_type_id(name: str) -> int:
+    """The ggml_type value the shipped libggml gives a type name (e.g. "tq3"), read at run time, not assumed."""
+    path = next(lib_dir().glob("libggml-base.so*"), None)
+    if path is None:
+        raise ToolError(f"libggml-base is missing from {lib_dir()}")
+    lib = ctypes.CDLL(str(path))
+    lib.ggml_type_name.argtypes = [ctypes.c_int]
+    lib.ggml_type_name.restype = ctypes.c_char_p
+    for i in range(256):  # ggml_type_name answers "NONE" past GGML_TYPE_COUNT
+        if lib.ggml_type_name(i) == name.encode():
+            return i
+    raise ToolError(f"the shipped libggml has no type named {name!r}")
+
+
+def triatt_default_params() -> dict[str, int]:
+    """The library's TriAttention defaults (llama_triatt_default_params): the one definition, in csrc/triatt."""
+    p = _libllama().llama_triatt_default_params()
+    return {name: int(getattr(p, name)) for name, _ in TriattParams._fields_}
 
 
 def _libllama() -> ctypes.CDLL:
@@ -69,26 +113,30 @@ def _ctx_ptr(llm_or_ctx: object) -> int:
     return int(ctypes.cast(ctx, ctypes.c_void_p).value or 0)
 
 
-def triatt_configure(
-    llm_or_ctx: object,
-    budget: int,
-    hybrid: int = 2,
-    prefix: int = 128,
-    window: int = 128,
-    segments: int = 8,
-    divide: int = 128,
-    warmup: int = 1024,
-    boundary_skip: int = 0,
-) -> None:
-    """TriAttention V3 eviction on a llama-cpp-python context (llama_triatt_configure); ValueError on bad settings."""
+def triatt_configure(llm_or_ctx: object, budget: int, **settings: int) -> None:
+    """TriAttention V3 eviction on a llama-cpp-python context (llama_triatt_configure). `settings` override the
+    library's defaults by name (hybrid, prefix, window, segments, divide, warmup, boundary_skip); UsageError (a
+    ValueError) with llama.cpp's message on bad settings or an unsupported model."""
+    lib = _libllama()
+    params = lib.llama_triatt_default_params()
+    for name, value in {"budget": budget, **settings}.items():
+        if name not in dict(TriattParams._fields_):
+            raise UsageError(f"unknown TriAttention setting {name!r} (known: "
+                             f"{', '.join(n for n, _ in TriattParams._fields_)})")  # fmt: skip
+        setattr(params, name, int(value))
     err = ctypes.create_string_buffer(256)
-    rc = _libllama().llama_triatt_configure(_ctx_ptr(llm_or_ctx), budget, hybrid, prefix, window, segments, divide,
-                                            warmup, boundary_skip, err, len(err))  # fmt: skip
-    if rc != 0:
-        raise ValueError(err.value.decode())
+    if lib.llama_triatt_configure(_ctx_ptr(llm_or_ctx), ctypes.byref(params), err, len(err)) != 0:
+        raise UsageError(err.value.decode())
 
 
 def triatt_stats(llm_or_ctx: object) -> tuple[int, int]:
     """(eviction rounds, cells evicted) so far on the context."""
     lib, ctx = _libllama(), _ctx_ptr(llm_or_ctx)
     return int(lib.llama_triatt_n_rounds(ctx)), int(lib.llama_triatt_n_evicted(ctx))
+
+
+def __getattr__(name: str) -> int:
+    """GGML_TYPE_TQ3 / GGML_TYPE_TQ4: the library's own ids for the TQ types."""
+    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4"):
+        return ggml_type_id(name.removeprefix("GGML_TYPE_").lower())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

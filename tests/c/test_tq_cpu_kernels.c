@@ -1,4 +1,4 @@
-/* The CPU backend's TQ kernels (csrc/ggml-tq-cpu.c) against the codec, outside ggml: the SIMD quantizer must
+/* The CPU backend's TQ kernels (csrc/llama.cpp/ggml/src/tq/ggml-tq-cpu.c) against the codec, outside ggml: the SIMD quantizer must
  * produce the codec's bytes exactly, and the rotated-domain dot products must match the codec's within float
  * tolerance. Built by tests/test_c_codec.py once per instruction set the host runs (scalar, AVX2, AVX-512). */
 #include <math.h>

@@ -2,7 +2,7 @@
 // dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
 // that the kernel's float operations survive those flags.
 //
-//   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc -Icsrc/cuda tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
+//   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
 //   ./tq_quant_exact [n_blocks]          prints one line per type and exits non-zero on any mismatch
 #include <cmath>
 #include <cstdio>
@@ -26,8 +26,8 @@
 template <int BITS>
 __global__ void k_quant(const float * x, uint8_t * out, int64_t n, tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
-    __shared__ double ds[4][2 * TQ_CU_BLOCK];
-    __shared__ uint8_t is[4][TQ_CU_BLOCK];
+    __shared__ double ds[4][2 * TQ_BLOCK];
+    __shared__ uint8_t is[4][TQ_BLOCK];
     if (threadIdx.x == 0) {
         t = tab;
     }
@@ -39,7 +39,7 @@ __global__ void k_quant(const float * x, uint8_t * out, int64_t n, tq_cu_tables 
     }
     float v[4];
     for (int r = 0; r < 4; ++r) {
-        v[r] = x[b * TQ_CU_BLOCK + lane + 32 * r];
+        v[r] = x[b * TQ_BLOCK + lane + 32 * r];
     }
     tq_cu_quantize_block<BITS>(t, v, out + b * tq_cu_block_bytes(BITS), ds[warp], is[warp], lane);
 }
@@ -59,7 +59,7 @@ __global__ void k_dequant(const uint8_t * in, float * y, int64_t n, tq_cu_tables
     float v[4];
     tq_cu_dequantize_block<BITS>(t, in + b * tq_cu_block_bytes(BITS), v, lane);
     for (int r = 0; r < 4; ++r) {
-        y[b * TQ_CU_BLOCK + lane + 32 * r] = v[r];
+        y[b * TQ_BLOCK + lane + 32 * r] = v[r];
     }
 }
 
@@ -69,12 +69,12 @@ static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> gauss(0.0f, 1.0f);
     std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-    x.assign((size_t) n * TQ_CU_BLOCK, 0.0f);
+    x.assign((size_t) n * TQ_BLOCK, 0.0f);
     for (int64_t b = 0; b < n; ++b) {
-        float * v = x.data() + b * TQ_CU_BLOCK;
+        float * v = x.data() + b * TQ_BLOCK;
         const int kind = b < 16 ? (int) b : 16 + (int) (rng() % 8);
         const float scale = powf(10.0f, -38.0f + 68.0f * uni(rng));
-        for (int i = 0; i < TQ_CU_BLOCK; ++i) {
+        for (int i = 0; i < TQ_BLOCK; ++i) {
             switch (kind) {
                 case 0: v[i] = 0.0f; break;
                 case 1: v[i] = 3.0e38f * (i % 2 ? 1.0f : -1.0f); break;
@@ -109,7 +109,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     for (int t = 0; t < nt; ++t) {
         th.emplace_back([&, t] {
             for (int64_t b = t; b < n; b += nt) {
-                tq_quantize_block(BITS, x.data() + b * TQ_CU_BLOCK, cpu.data() + b * bb);
+                tq_quantize_block(BITS, x.data() + b * TQ_BLOCK, cpu.data() + b * bb);
             }
         });
     }
@@ -148,10 +148,10 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     double max_rel = 0.0;
     int64_t nan_mismatch = 0;
     for (int64_t b = 0; b < n; ++b) {
-        tq_dequantize_block(BITS, cpu.data() + b * bb, ycpu.data() + b * TQ_CU_BLOCK);
+        tq_dequantize_block(BITS, cpu.data() + b * bb, ycpu.data() + b * TQ_BLOCK);
         double num = 0.0, den = 0.0;
-        for (int i = 0; i < TQ_CU_BLOCK; ++i) {
-            const float c = ycpu[b * TQ_CU_BLOCK + i], g = ygpu[b * TQ_CU_BLOCK + i];
+        for (int i = 0; i < TQ_BLOCK; ++i) {
+            const float c = ycpu[b * TQ_BLOCK + i], g = ygpu[b * TQ_BLOCK + i];
             if (std::isnan(c) != std::isnan(g)) {
                 ++nan_mismatch;
                 continue;

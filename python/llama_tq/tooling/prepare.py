@@ -1,6 +1,6 @@
 """Prepare the patched llama.cpp source tree for the build (called by CMakeLists.txt at configure time).
 
-    python -m llama_tq.prepare DEST [--src DIR]
+    python -m llama_tq.tooling.prepare DEST [--src DIR]
 
 Without --src (and without LLAMA_TQ_LLAMA_SRC in the environment) the pinned base is used: fetched
 with pip once, verified by sha256, cached. With a user's tree, its series check runs first and the tree

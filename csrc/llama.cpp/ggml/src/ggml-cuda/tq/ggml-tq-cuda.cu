@@ -57,8 +57,8 @@ template <int BITS, typename src_t, typename idx_t>
 static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
                                                                  const tq_rows_shape sh, const tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
-    __shared__ double ds[4][2 * TQ_CU_BLOCK];
-    __shared__ uint8_t is[4][TQ_CU_BLOCK];
+    __shared__ double ds[4][2 * TQ_BLOCK];
+    __shared__ uint8_t is[4][TQ_BLOCK];
     if (threadIdx.x == 0) {
         t = tab;
     }
@@ -69,7 +69,7 @@ static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * sr
         return;
     }
     const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
-    const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * TQ_CU_BLOCK;
+    const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * TQ_BLOCK;
     float v[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -115,7 +115,7 @@ static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * 
     const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * tq_cu_block_bytes(BITS);
     float y[4];
     tq_cu_dequantize_block<BITS>(t, blk, y, lane);
-    dst_t * o = reinterpret_cast<dst_t *>(dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * TQ_CU_BLOCK;
+    dst_t * o = reinterpret_cast<dst_t *>(dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * TQ_BLOCK;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         o[lane + 32 * k] = ggml_cuda_cast<dst_t>(y[k]);
@@ -158,7 +158,7 @@ static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_r
 template <typename T>
 static void tq_to_t_cont(ggml_type type, const void * x, T * y, int64_t k, cudaStream_t stream) {
     const int64_t bb = (int64_t) ggml_type_size(type);
-    const tq_rows_shape sh = {1, k / TQ_CU_BLOCK, 1, 1, bb, 0, 0, (int64_t) (TQ_CU_BLOCK * sizeof(T)), 0, 0, 0, 0, 0, 1, 1};
+    const tq_rows_shape sh = {1, k / TQ_BLOCK, 1, 1, bb, 0, 0, (int64_t) (TQ_BLOCK * sizeof(T)), 0, 0, 0, 0, 0, 1, 1};
     tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
 }
 
@@ -167,7 +167,7 @@ static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int6
                        int64_t s01, int64_t s02, int64_t s03, cudaStream_t stream) {
     const int64_t bb = (int64_t) ggml_type_size(type);
     const int64_t d1 = ne00 * (int64_t) sizeof(T);
-    const tq_rows_shape sh = {ne00 / TQ_CU_BLOCK, ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb,
+    const tq_rows_shape sh = {ne00 / TQ_BLOCK, ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb,
                               d1, d1 * ne01, d1 * ne01 * ne02, 0, 0, 0, 1, 1};
     tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
 }
@@ -256,7 +256,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             if (!ggml_cuda_tq_is_tq(dst->type)) {
                 return false;
             }
-            tq_rows_shape sh = tq_shape_of(a, dst, a->ne[0] / TQ_CU_BLOCK);
+            tq_rows_shape sh = tq_shape_of(a, dst, a->ne[0] / TQ_BLOCK);
             sh.i0 = b->nb[0]; sh.i1 = b->nb[1]; sh.i2 = b->nb[2];
             sh.ine1 = b->ne[1]; sh.ine2 = b->ne[2];
             const char * s = (const char *) a->data;
@@ -277,7 +277,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             }
             // dst row (i1, i2, i3) = a row ids[i1, i2, i3] of plane (i2, i3)
             tq_rows_shape sh = {};
-            sh.nblk = a->ne[0] / TQ_CU_BLOCK;
+            sh.nblk = a->ne[0] / TQ_BLOCK;
             sh.ne1 = dst->ne[1]; sh.ne2 = dst->ne[2]; sh.ne3 = dst->ne[3];
             sh.s1 = a->nb[1]; sh.s2 = a->nb[2]; sh.s3 = a->nb[3];
             sh.d1 = dst->nb[1]; sh.d2 = dst->nb[2]; sh.d3 = dst->nb[3];
@@ -296,7 +296,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             }
             const char * s = (const char *) a->data;
             char * d = (char *) b->data;
-            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_CU_BLOCK);
+            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_BLOCK);
             if (a->type == b->type) {
                 const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
                 if (n > 0) {

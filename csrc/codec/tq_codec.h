@@ -50,6 +50,13 @@ extern "C" {
 
 #define TQ_SUBBLOCK 32
 #define TQ_HEADER_BYTES 4
+/* 32-bit words per block (CUDA kernels load blocks as words) */
+#define TQ3_BLOCK_WORDS (TQ3_BLOCK_BYTES / 4)
+#define TQ4_BLOCK_WORDS (TQ4_BLOCK_BYTES / 4)
+/* 1/sqrt(128): makes the Walsh-Hadamard matrix H orthonormal */
+#define TQ_WHT_NORM 0.08838834764831845f
+/* the largest finite bfloat16 (0x7f7f): scales are clamped to it so rounding never produces Inf */
+#define TQ_BF16_MAX 3.38953139e38f
 
 typedef struct {
     uint16_t scale_bf16;
@@ -121,6 +128,10 @@ void tq3_quantize_row(const float *x, void *dst, int64_t k);
 void tq4_quantize_row(const float *x, void *dst, int64_t k);
 void tq3_dequantize_row(const void *src, float *y, int64_t k);
 void tq4_dequantize_row(const void *src, float *y, int64_t k);
+/* ggml_quantize_chunk's signature (ggml-quants.h): nrows rows of n_per_row values; imatrix is unused (the
+ * codec has no importance weighting). Returns the bytes written, 0 if n_per_row is not a multiple of 128. */
+size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 
 #ifdef __cplusplus
 }

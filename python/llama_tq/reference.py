@@ -1,4 +1,4 @@
-"""Independent NumPy reference of the TurboQuant codec, written from the layout spec in csrc/tq_codec.h.
+"""Independent NumPy reference of the TurboQuant codec, written from the layout spec in csrc/codec/tq_codec.h.
 
 It shares no code with the C implementation: the sign pattern is re-derived from splitmix64, the
 Hadamard matrix is built by Sylvester's construction, and the arithmetic is float64 matrix algebra.
@@ -106,7 +106,7 @@ def dequantize(scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int, r
 
 
 def pack(scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int) -> np.ndarray:
-    """Blocks as bytes, per the layout documented in csrc/tq_codec.h."""
+    """Blocks as bytes, per the layout documented in csrc/codec/tq_codec.h."""
     n = idx.shape[0]
     subs = np.sum(sub.astype(np.uint32) << (4 * np.arange(4, dtype=np.uint32)), axis=1)
     head = np.stack([to_bf16(scale), subs.astype(np.uint16)], axis=1).astype("<u2").view(np.uint8).reshape(n, 4)

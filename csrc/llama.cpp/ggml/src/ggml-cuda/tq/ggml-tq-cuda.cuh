@@ -1,5 +1,5 @@
 // llama-tq: TQ3/TQ4 in ggml's CUDA backend. The patch series calls these from ggml-cuda.cu, convert.cu and
-// fattn.cu; everything else about the types lives in csrc/cuda/.
+// fattn.cu; everything else about the types lives in csrc/llama.cpp/ggml/src/ggml-cuda/tq/.
 #pragma once
 
 #include "common.cuh"

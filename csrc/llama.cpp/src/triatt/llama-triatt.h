@@ -1,8 +1,13 @@
 // TriAttention V3 eviction inside libllama: query capture, calibration, scoring of cached keys and eviction rounds.
 // The algorithms are in triatt.c; this file only connects them to llama_context (two hooks) and the KV cache.
 //
-// Log format (one line per round, counted by the harness):
-//   triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 t_ms=T
+// It also holds the C API of include/llama.h (llama_triatt_default_params, llama_triatt_configure, ...).
+//
+// Log format (parsed by llama_tq.harness.common; keep them in step):
+//   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
+//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 t_ms=T
+//   warn (shown at the default verbosity), when the context ends:
+//                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T
 #pragma once
 
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include "triatt.h"
 
 struct llama_model;
+struct llama_cparams;
 struct llama_memory_i;
 struct llama_ubatch;
 class llama_kv_cache;
@@ -21,8 +27,10 @@ class llama_kv_cache;
 class llama_triatt {
 public:
     // nullptr and a message in err if the settings are invalid or the model / memory cannot be handled.
-    static std::unique_ptr<llama_triatt> create(const llama_model & model, llama_memory_i * memory, uint32_t n_seq_max,
-                                                const triatt_config & cfg, std::string & err);
+    static std::unique_ptr<llama_triatt> create(const llama_model & model, const llama_cparams & cparams,
+                                                llama_memory_i * memory, uint32_t n_seq_max, const triatt_config & cfg,
+                                                std::string & err);
+    ~llama_triatt();  // logs the summary line
 
     // Before a ubatch's graph runs: installs the query-capture callback (chained with the user's) while
     // calibrating, and gives the scheduler back the user's callback once calibrated.
@@ -39,7 +47,6 @@ private:
     struct layer_stats {
         int32_t il = -1;
         int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
-        bool have_rope = false;
         triatt_rope rope{};
         std::vector<double> theta;                   // per rotated pair (freq factors folded in)
         std::vector<double> sum_re, sum_im, sum_mag;  // [n_head_kv][head_dim/2]
@@ -47,7 +54,8 @@ private:
         std::vector<float> mu_re, mu_im, mag;         // means, after calibration
     };
 
-    llama_triatt(const llama_model & model, llama_kv_cache * kv, uint32_t n_seq_max, const triatt_config & cfg);
+    llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv, uint32_t n_seq_max,
+                 const triatt_config & cfg);
 
     static bool eval_cb(ggml_tensor * t, bool ask, void * ud);
     layer_stats * capture_target(const ggml_tensor * t);
@@ -72,6 +80,7 @@ private:
 
     int32_t rounds = 0;
     int64_t evicted = 0;
+    double t_ms = 0.0;  // time spent in eviction rounds
     std::vector<uint8_t> slab;
     std::vector<float> rowbuf;
 };

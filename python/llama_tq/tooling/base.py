@@ -1,6 +1,6 @@
 """The pinned llama.cpp base: fetch it from PyPI with pip, verify it, cache it, extract it.
 
-The base is the llama.cpp tree vendored in the PyPI sdist llama-cpp-python==0.3.36. Nothing is
+The base is the llama.cpp tree vendored in the PyPI sdist named by patches/base.env. Nothing is
 fetched from any other host. The verified sdist is cached (LLAMA_TQ_CACHE or ~/.cache/llama-tq),
 so a second build does not fetch it again.
 """
@@ -16,17 +16,28 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-SDIST_NAME = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
-# Upstream commit of the vendored tree (the sdist has no git history to read it from).
-LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+from .. import paths
+from ..errors import BaseError
 
 
-class BaseError(RuntimeError):
-    """The pinned base could not be obtained or verified."""
+def read_pin(path: Path | None = None) -> dict[str, str]:
+    """The KEY=VALUE lines of patches/base.env, the one file that names the pinned base."""
+    path = path or paths.series_root() / "patches" / "base.env"
+    pin = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pin[key.strip()] = value.strip()
+    return pin
+
+
+_PIN = read_pin()
+SDIST_NAME = _PIN["SDIST_NAME"]
+SDIST_VERSION = _PIN["SDIST_VERSION"]
+SDIST_SHA256 = _PIN["SDIST_SHA256"]
+LLAMA_CPP_COMMIT = _PIN["LLAMA_CPP_COMMIT"]
+SDIST_FILE = f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
+VENDOR_PREFIX = f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}/vendor/llama.cpp/"
 
 
 def cache_dir() -> Path:

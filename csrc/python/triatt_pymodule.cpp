@@ -35,7 +35,7 @@ triatt_rope make_rope(int head_dim, int n_rot, bool neox, float freq_base, float
 }  // namespace
 
 PYBIND11_MODULE(_triatt, m) {
-    m.doc() = "TriAttention V3 eviction engine (csrc/triatt.c)";
+    m.doc() = "TriAttention V3 eviction engine (csrc/triatt/triatt.c)";
 
     m.def("check", [](int budget, int hybrid, int prefix, int window, int segments, int divide, int warmup,
                       int boundary_skip) {

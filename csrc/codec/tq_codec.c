@@ -9,9 +9,6 @@
 
 const uint32_t TQ_SIGNS[4] = {0x76bcc29au, 0xec660926u, 0xfdbbf446u, 0x70d451fcu};
 
-/* 1/sqrt(128): makes H orthonormal. */
-static const float TQ_WHT_NORM = 0.08838834764831845f;
-
 size_t tq_block_bytes(int bits) {
     return bits == 3 ? TQ3_BLOCK_BYTES : bits == 4 ? TQ4_BLOCK_BYTES : 0;
 }
@@ -122,9 +119,6 @@ float tq_bf16_to_fp32(uint16_t h) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
-
-/* Largest finite bfloat16 (0x7f7f): scales are clamped to it so rounding never produces Inf. */
-static const float TQ_BF16_MAX = 3.38953139e38f;
 
 /* Header access byte by byte: blocks inside ggml rows need not be aligned, and the layout is little-endian
  * whatever the host. */
@@ -325,3 +319,20 @@ void tq3_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_
 void tq4_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row(4, x, dst, k); }
 void tq3_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row(3, src, y, k); }
 void tq4_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row(4, src, y, k); }
+
+static size_t quantize_rows(int bits, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
+    if (n_per_row % TQ_BLOCK != 0 || tq_quantize_row(bits, src, dst, nrows * n_per_row) != 0) {
+        return 0;
+    }
+    return (size_t)(nrows * (n_per_row / TQ_BLOCK)) * tq_block_bytes(bits);
+}
+
+size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    return quantize_rows(3, src, dst, nrows, n_per_row);
+}
+
+size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    return quantize_rows(4, src, dst, nrows, n_per_row);
+}

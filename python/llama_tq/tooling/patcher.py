@@ -1,8 +1,9 @@
 """Apply, check and revert the llama-tq patch series on a llama.cpp tree, atomically.
 
-The series is `patches/series` (patch files, in order, made with `git format-patch`) plus
-`patches/files` (lines "SRC DEST": files from this repo, e.g. the csrc/ codec, that the
-patches expect inside the tree). Every operation first computes the complete result in a
+The series is `patches/series` (patch files, in order, made with `git format-patch`) plus the files
+from csrc/ that the patches expect inside the tree, derived from the layout (`installed_files`):
+csrc/llama.cpp/ mirrors their destinations, and the standalone codec and TriAttention engine go
+where STANDALONE_DEST says. Every operation first computes the complete result in a
 private staging copy of the touched files; the tree is written only after the whole series
 succeeded there, and a failure while writing rolls every written file back. So the tree is
 either fully patched or byte-identical to before.
@@ -17,11 +18,22 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths
+from .. import paths
+from ..errors import PatchError
+
+# Standalone sources (built on their own for the Python modules) and where the series expects them in the tree.
+STANDALONE_DEST = {"csrc/codec": "ggml/src/tq", "csrc/triatt": "src/triatt"}
+# Sources that compile only inside a patched tree, at their destination paths below this directory.
+MIRROR = "csrc/llama.cpp"
 
 
-class PatchError(RuntimeError):
-    """The series cannot be applied or reverted; the tree was not changed."""
+def installed_files(root: Path) -> list[tuple[Path, str]]:
+    """(source in the checkout, destination in the tree) of every file the series installs."""
+    out = [(f, f"{dest}/{f.name}") for src, dest in STANDALONE_DEST.items() for f in sorted((root / src).iterdir())
+           if f.is_file()]  # fmt: skip
+    mirror = root / MIRROR
+    out += [(f, str(f.relative_to(mirror))) for f in sorted(mirror.rglob("*")) if f.is_file()]
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,13 +69,7 @@ def load_series(root: Path | None = None) -> Series:
     for p in patches:
         if not p.is_file():
             raise PatchError(f"patches/series names {p.name}, which does not exist")
-    files: list[tuple[Path, str]] = []
-    files_list = pdir / "files"
-    if files_list.is_file():
-        for ln in files_list.read_text().splitlines():
-            if ln.strip() and not ln.startswith("#"):
-                src, dest = ln.split()
-                files.append((root / src, dest))
+    files = installed_files(root)
     touched: set[str] = set()
     for p in patches:
         touched |= _paths_in_patch(p)

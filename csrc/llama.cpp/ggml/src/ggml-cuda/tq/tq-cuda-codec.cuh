@@ -1,4 +1,4 @@
-// TurboQuant codec on the GPU: the C codec (csrc/tq_codec.c) transcribed to one warp per 128-value block.
+// TurboQuant codec on the GPU: the C codec (csrc/codec/tq_codec.c) transcribed to one warp per 128-value block.
 //
 // Quantizing must give the C codec's bytes exactly, so every float operation here is the codec's operation in
 // the codec's order, written as inline PTX or _rn intrinsics: ggml-cuda builds with -use_fast_math, which would
@@ -15,8 +15,6 @@
 
 #include "tq_codec.h"
 
-#define TQ_CU_BLOCK 128
-#define TQ_CU_HEADER 4
 
 struct tq_cu_tables {
     float cent3[8];
@@ -43,7 +41,7 @@ static inline void tq_cu_tables_init(tq_cu_tables * t) {
     }
 }
 
-static __host__ __device__ constexpr int tq_cu_block_bytes(int bits) { return bits == 3 ? 52 : 68; }
+static __host__ __device__ constexpr int tq_cu_block_bytes(int bits) { return bits == 3 ? TQ3_BLOCK_BYTES : TQ4_BLOCK_BYTES; }
 
 // Exact IEEE float ops: no flush to zero, never contracted into an FMA.
 static __device__ __forceinline__ float tq_fadd(float a, float b) {
@@ -124,7 +122,7 @@ static __device__ __forceinline__ float tq_cu_subblock_err(float e) {
 // Sequential double sum in index order (the codec's loop), done by lane 0 from shared scratch.
 static __device__ __forceinline__ double tq_cu_seq_sum(const double * s) {
     double acc = 0.0;
-    for (int i = 0; i < TQ_CU_BLOCK; ++i) {
+    for (int i = 0; i < TQ_BLOCK; ++i) {
         acc = __dadd_rn(acc, s[i]);
     }
     return acc;
@@ -164,7 +162,7 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, const float 
         tq_cu_fwht_warp(y, lane);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            y[r] = tq_fmul(y[r], 0.08838834764831845f);
+            y[r] = tq_fmul(y[r], TQ_WHT_NORM);
         }
 
         // The 16 multipliers are tried in the codec's order for each sub-block; the 4 sub-blocks run side by
@@ -213,16 +211,16 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, const float 
         for (int r = 0; r < 4; ++r) {
             const double c = tq_f2d(tq_fmul(t.sub[pick[r]], cent[idx[r]]));
             dscratch[lane + 32 * r]               = __dmul_rn(tq_f2d(y[r]), c);
-            dscratch[TQ_CU_BLOCK + lane + 32 * r] = __dmul_rn(c, c);
+            dscratch[TQ_BLOCK + lane + 32 * r] = __dmul_rn(c, c);
         }
         __syncwarp();
         double s = 0.0;
         if (lane == 0) {
             const double yc = tq_cu_seq_sum(dscratch);
-            const double cc = tq_cu_seq_sum(dscratch + TQ_CU_BLOCK);
+            const double cc = tq_cu_seq_sum(dscratch + TQ_BLOCK);
             s = __dmul_rn(norm, __ddiv_rn(yc, cc));
-            if (s > tq_f2d(3.38953139e38f)) { // the largest finite bfloat16, as the codec clamps
-                s = tq_f2d(3.38953139e38f);
+            if (s > tq_f2d(TQ_BF16_MAX)) { // the largest finite bfloat16, as the codec clamps
+                s = tq_f2d(TQ_BF16_MAX);
             }
         }
         s          = __shfl_sync(0xffffffffu, s, 0);
@@ -242,15 +240,15 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, const float 
             for (int j = 0; j < 8; ++j) {
                 w |= (uint32_t) (iscratch[8 * lane + j] & 7u) << (3 * j);
             }
-            out[TQ_CU_HEADER + 3 * lane + 0] = (uint8_t) (w & 0xffu);
-            out[TQ_CU_HEADER + 3 * lane + 1] = (uint8_t) ((w >> 8) & 0xffu);
-            out[TQ_CU_HEADER + 3 * lane + 2] = (uint8_t) ((w >> 16) & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * lane + 0] = (uint8_t) (w & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * lane + 1] = (uint8_t) ((w >> 8) & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * lane + 2] = (uint8_t) ((w >> 16) & 0xffu);
         }
     } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int j = lane + 32 * h;
-            out[TQ_CU_HEADER + j] = (uint8_t) ((iscratch[j] & 15u) | ((iscratch[j + 64] & 15u) << 4));
+            out[TQ_HEADER_BYTES + j] = (uint8_t) ((iscratch[j] & 15u) | ((iscratch[j + 64] & 15u) << 4));
         }
     }
     if (lane == 0) {
@@ -284,11 +282,11 @@ static __device__ __forceinline__ void tq_cu_dequantize_block(const tq_cu_tables
     const float s = tq_cu_bf16_to_fp32(s_bits);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-        y[r] = tq_fmul(t.sub[(subs >> (4 * r)) & 15u], cent[tq_cu_index<BITS>(blk + TQ_CU_HEADER, lane + 32 * r)]);
+        y[r] = tq_fmul(t.sub[(subs >> (4 * r)) & 15u], cent[tq_cu_index<BITS>(blk + TQ_HEADER_BYTES, lane + 32 * r)]);
     }
     tq_cu_fwht_warp(y, lane);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-        y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(0.08838834764831845f, tq_cu_sign(t, lane + 32 * r))), s);
+        y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(TQ_WHT_NORM, tq_cu_sign(t, lane + 32 * r))), s);
     }
 }

@@ -18,7 +18,7 @@ enum tq_fa_kind { TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3 };
 
 static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) { return kind == TQFA_TQ3 || kind == TQFA_TQ4; }
 // 32-bit words of one 128-value TQ block.
-static __host__ __device__ constexpr int tq_fa_block_words(int kind) { return kind == TQFA_TQ3 ? 13 : 17; }
+static __host__ __device__ constexpr int tq_fa_block_words(int kind) { return kind == TQFA_TQ3 ? TQ3_BLOCK_WORDS : TQ4_BLOCK_WORDS; }
 
 #define TQ_FA_THREADS 128
 #define TQ_FA_TILE    128
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
             tq_cu_fwht_warp(v, lane);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                qs[(128 * b + lane + 32 * r) * C + c] = v[r] * 0.08838834764831845f;
+                qs[(128 * b + lane + 32 * r) * C + c] = v[r] * TQ_WHT_NORM;
             }
         }
         __syncthreads();
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
             tq_cu_fwht_warp(v, lane);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                out[128 * warp + lane + 32 * r] = v[r] * (0.08838834764831845f * tq_cu_sign(tab, lane + 32 * r));
+                out[128 * warp + lane + 32 * r] = v[r] * (TQ_WHT_NORM * tq_cu_sign(tab, lane + 32 * r));
             }
         }
         __syncthreads();

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "llama-batch.h"
+#include "llama-context.h"
+#include "llama-cparams.h"
 #include "llama-impl.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cache.h"
@@ -34,6 +36,9 @@ void unrotate_hadamard(float * x, int64_t n, int64_t block) {
     }
 }
 
+// The post-RoPE query of layer il is the ROPE op upstream's graph builders name "Qcur-<il>" (their callback
+// naming convention, also what imatrix and eval-callback read); a model that names it otherwise calibrates
+// nothing, and finish_calibration() says so.
 int32_t layer_of(const char * name) {  // "Qcur-12" -> 12
     if (std::strncmp(name, "Qcur-", 5) != 0) {
         return -1;
@@ -45,8 +50,9 @@ int32_t layer_of(const char * name) {  // "Qcur-12" -> 12
 
 }  // namespace
 
-std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, llama_memory_i * memory,
-                                                   uint32_t n_seq_max, const triatt_config & cfg, std::string & err) {
+std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, const llama_cparams & cparams,
+                                                   llama_memory_i * memory, uint32_t n_seq_max,
+                                                   const triatt_config & cfg, std::string & err) {
     char msg[256];
     if (triatt_config_check(&cfg, msg, sizeof msg) != 0) {
         err = msg;
@@ -77,7 +83,7 @@ std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, ll
         err = "TriAttention does not handle multi-head latent attention caches";
         return nullptr;
     }
-    std::unique_ptr<llama_triatt> t(new llama_triatt(model, kv, n_seq_max, cfg));
+    std::unique_ptr<llama_triatt> t(new llama_triatt(model, cparams, kv, n_seq_max, cfg));
     if (t->layers.empty()) {
         err = "TriAttention found no full-attention layer with RoPE in the KV cache";
         return nullptr;
@@ -85,8 +91,8 @@ std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, ll
     return t;
 }
 
-llama_triatt::llama_triatt(const llama_model & model, llama_kv_cache * kv, uint32_t n_seq_max,
-                           const triatt_config & cfg)
+llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv,
+                           uint32_t n_seq_max, const triatt_config & cfg)
     : model(model), kv(kv), n_seq_max(n_seq_max), cfg(cfg) {
     const auto & hp = model.hparams;
     layer_slot.assign(hp.n_layer(), -1);
@@ -109,9 +115,32 @@ llama_triatt::llama_triatt(const llama_model & model, llama_kv_cache * kv, uint3
         ls.sum_im.assign(np * ls.n_head_kv, 0.0);
         ls.sum_mag.assign(np * ls.n_head_kv, 0.0);
         ls.count.assign(ls.n_head_kv, 0);
+        // the layer's RoPE as the graph applies it: the model's accessors for base, scale and frequency factors
+        const int32_t n_rot = (int32_t) hp.n_rot(il);
+        const float base = model.get_rope_freq_base(cparams, (int) il);
+        const float scale = model.get_rope_freq_scale(cparams, (int) il);
+        std::vector<float> ff;
+        if (const ggml_tensor * f = model.get_rope_factors(cparams, (int) il); f != nullptr && f->type == GGML_TYPE_F32) {
+            ff.resize((size_t) ggml_nelements(f));
+            ggml_backend_tensor_get(f, ff.data(), 0, ff.size() * sizeof(float));
+        }
+        ls.theta.resize((size_t) n_rot / 2);
+        for (size_t f = 0; f < ls.theta.size(); ++f) {
+            ls.theta[f] = scale * std::pow((double) base, -2.0 * (double) f / n_rot) / (f < ff.size() ? ff[f] : 1.0);
+        }
+        ls.rope = triatt_rope{ls.head_dim, n_rot, hp.rope_type == LLAMA_ROPE_TYPE_NEOX ? 1 : 0, base, scale, nullptr};
         layer_slot[il] = (int32_t) layers.size();
         layers.push_back(std::move(ls));
     }
+    for (auto & ls : layers) {
+        ls.rope.theta = ls.theta.data();  // after the moves: the vectors' storage is final
+    }
+}
+
+llama_triatt::~llama_triatt() {
+    static const char * names[] = {"V1", "V2", "V3"};
+    LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f\n", names[cfg.hybrid],
+                   cfg.budget, rounds, (long long) evicted, t_ms);
 }
 
 // ---- calibration -------------------------------------------------------------------------------------------------
@@ -161,24 +190,6 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
     if (cur == nullptr || t->ne[2] != (int64_t) cur->n_tokens || !ggml_is_contiguous(t)) {
         return;
     }
-    if (!ls.have_rope) {  // the model's real RoPE, read from the op: dims, pairing, base, scale, factors
-        const int32_t * op = (const int32_t *) t->op_params;
-        float base, scale;
-        std::memcpy(&base, op + 5, sizeof base);
-        std::memcpy(&scale, op + 6, sizeof scale);
-        ls.rope = triatt_rope{ls.head_dim, op[1], (op[2] & GGML_ROPE_TYPE_NEOX) ? 1 : 0, base, scale, nullptr};
-        ls.theta.resize((size_t) op[1] / 2);
-        std::vector<float> ff;
-        if (t->src[2] != nullptr && t->src[2]->type == GGML_TYPE_F32) {  // per-dimension frequency factors
-            ff.resize((size_t) ggml_nelements(t->src[2]));
-            ggml_backend_tensor_get(t->src[2], ff.data(), 0, ff.size() * sizeof(float));
-        }
-        for (size_t f = 0; f < ls.theta.size(); ++f) {
-            ls.theta[f] = scale * std::pow((double) base, -2.0 * (double) f / op[1]) / (f < ff.size() ? ff[f] : 1.0);
-        }
-        ls.rope.theta = ls.theta.data();
-        ls.have_rope = true;
-    }
     const int64_t n_tok = t->ne[2];
     rowbuf.resize((size_t) ggml_nelements(t));
     ggml_backend_tensor_get(t, rowbuf.data(), 0, ggml_nbytes(t));
@@ -199,7 +210,7 @@ bool llama_triatt::finish_calibration() {
     }
     int32_t n_ok = 0;
     for (auto & ls : layers) {
-        if (!ls.have_rope || ls.count.empty() || ls.count[0] == 0) {
+        if (ls.count.empty() || ls.count[0] == 0) {
             continue;
         }
         const size_t np = (size_t) ls.head_dim / 2;
@@ -218,6 +229,10 @@ bool llama_triatt::finish_calibration() {
     }
     if (n_ok == 0) {
         return false;
+    }
+    if (n_ok < (int32_t) layers.size()) {  // e.g. a graph that names its queries differently (see layer_of)
+        LLAMA_LOG_WARN("triatt: queries captured for %d of %d full-attention layers; the others stay out of the score\n",
+                       n_ok, (int32_t) layers.size());
     }
     calibrated = true;
     LLAMA_LOG_INFO("triatt: calibrated on %lld tokens over %d full-attention layers; query capture removed\n",
@@ -263,7 +278,7 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
     const uint32_t stream = kv->get_stream(seq);
-    const bool rot = kv->get_attn_rot_k();
+    const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
     for (auto & ls : layers) {
         if (ls.mu_re.empty()) {
             continue;
@@ -275,10 +290,6 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         ggml_backend_tensor_get(k, slab.data(), stream * k->nb[2], row_bytes * cells.size());
         const auto * traits = ggml_get_type_traits(k->type);
         std::vector<float> keys((size_t) n * n_embd);
-        int64_t block = 64;  // upstream's K rotation: the largest power of two (>= 64) dividing the head size
-        while (ls.head_dim % (2 * block) == 0) {
-            block *= 2;
-        }
         for (int32_t c = 0; c < n; ++c) {
             const uint8_t * src = slab.data() + row_bytes * idx[c];
             float * dst = keys.data() + (size_t) c * n_embd;
@@ -287,8 +298,8 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
             } else {
                 traits->to_float(src, dst, n_embd);
             }
-            if (rot) {
-                unrotate_hadamard(dst, n_embd, block);
+            if (rot_block > 0) {
+                unrotate_hadamard(dst, n_embd, rot_block);
             }
         }
         const size_t np = (size_t) ls.head_dim / 2;
@@ -329,7 +340,51 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     }
     ++rounds;
     evicted += n_ev;
+    const double ms = (ggml_time_us() - t0) / 1000.0;
+    t_ms += ms;
     static const char * names[] = {"V1", "V2", "V3"};
     LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s t_ms=%.1f\n", n_ev,
-                   n, rounds, seq, n - n_ev, cfg.budget, names[cfg.hybrid], (ggml_time_us() - t0) / 1000.0);
+                   n, rounds, seq, n - n_ev, cfg.budget, names[cfg.hybrid], ms);
+}
+
+// ---- the C API (include/llama.h) -----------------------------------------------------------------------------------
+
+llama_triatt_params llama_triatt_default_params(void) {
+    triatt_config c;
+    triatt_config_default(&c);  // the one definition of the defaults (triatt.c)
+    return {c.budget, c.hybrid, c.prefix, c.window, c.segments, c.divide, c.warmup, c.boundary_skip};
+}
+
+int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * params, char * err, size_t err_size) {
+    const llama_triatt_params p = params != nullptr ? *params : llama_triatt_default_params();
+    const triatt_config cfg = {p.budget, p.hybrid, p.prefix, p.window, p.segments, p.divide, p.warmup, p.boundary_skip};
+    std::string msg;
+    std::unique_ptr<llama_triatt> t;
+    char check[256];
+    if (triatt_config_check(&cfg, check, sizeof check) != 0) {
+        msg = check;
+    } else if (cfg.budget > 0) {
+        t = llama_triatt::create(ctx->get_model(), ctx->get_cparams(), ctx->get_memory(), ctx->n_seq_max(), cfg, msg);
+    }
+    if (!msg.empty()) {
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, msg.c_str());
+        if (err != nullptr && err_size > 0) {
+            snprintf(err, err_size, "%s", msg.c_str());
+        }
+        return -1;
+    }
+    if (t) {
+        LLAMA_LOG_INFO("triatt: V%d eviction on: budget %d, prefix %d, window %d, segments %d, divide %d, warmup %d\n",
+                       cfg.hybrid + 1, cfg.budget, cfg.prefix, cfg.window, cfg.segments, cfg.divide, cfg.warmup);
+    }
+    ctx->set_triatt(std::move(t));  // budget 0: eviction off
+    return 0;
+}
+
+int32_t llama_triatt_n_rounds(const llama_context * ctx) {
+    return ctx->get_triatt() ? ctx->get_triatt()->n_rounds() : 0;
+}
+
+int64_t llama_triatt_n_evicted(const llama_context * ctx) {
+    return ctx->get_triatt() ? ctx->get_triatt()->n_evicted() : 0;
 }

@@ -139,7 +139,7 @@ py::array pack_indices(const u8_array & idx, const std::string & kind) {
 }  // namespace
 
 PYBIND11_MODULE(_codec, m) {
-    m.doc() = "TurboQuant TQ3/TQ4 codec (C implementation in csrc/tq_codec.c)";
+    m.doc() = "TurboQuant TQ3/TQ4 codec (C implementation in csrc/codec/tq_codec.c)";
     m.attr("BLOCK") = TQ_BLOCK;
     m.attr("BLOCK_BYTES") = py::dict(py::arg("tq3") = TQ3_BLOCK_BYTES, py::arg("tq4") = TQ4_BLOCK_BYTES);
     m.def("quantize", &quantize, py::arg("x"), py::arg("kind"),
