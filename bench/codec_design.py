@@ -3,23 +3,21 @@
     python bench/codec_design.py   # writes bench/results/codec_design.{md,json}
 
 MSE is ||x - x_hat||^2 / ||x||^2 averaged over vectors (unit vectors for the Gaussian set), with the
-NumPy reference (tests/tq_reference.py) for the variants and the C codec (llama_tq._codec) for the
+NumPy reference (llama_tq.reference) for the variants and the C codec (llama_tq._codec) for the
 shipped design, so the table also shows that the two agree.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from llama_tq import _codec
+from llama_tq import reference as ref
 
-import tq_reference as ref  # noqa: E402
-from llama_tq import _codec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 N = 10_000
 

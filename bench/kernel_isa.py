@@ -33,8 +33,8 @@ def build(isa: str, work: Path) -> Path:
     exe = work / f"kernel_timing_{isa}"
     cpu = ROOT / "csrc" / "llama.cpp" / "ggml" / "src" / "tq"
     srcs = [ROOT / "csrc" / "codec" / "tq_codec.c", cpu / "ggml-tq-cpu.c", ROOT / "bench" / "c" / "kernel_timing.c"]
-    cmd = ["gcc", "-std=gnu11", "-O3", *ISAS[isa], "-ffp-contract=off", "-I", str(ROOT / "csrc" / "codec"), "-I", str(cpu),
-           "-I", str(llama_tq.include_dir()), *map(str, srcs), "-lm", "-o", str(exe)]  # fmt: skip
+    cmd = ["gcc", "-std=gnu11", "-O3", *ISAS[isa], "-ffp-contract=off", "-I", str(ROOT / "csrc" / "codec"),
+           "-I", str(cpu), "-I", str(llama_tq.include_dir()), *map(str, srcs), "-lm", "-o", str(exe)]  # fmt: skip
     subprocess.run(cmd, check=True)
     return exe
 

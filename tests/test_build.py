@@ -12,6 +12,8 @@ import pytest
 import llama_tq
 from llama_tq import _codec
 
+pytestmark = pytest.mark.e2e
+
 TOOLS = ["llama-perplexity", "llama-completion", "llama-cli", "llama-server", "llama-bench"]
 
 

@@ -10,6 +10,8 @@ import pytest
 
 import llama_tq
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 CODEC = REPO / "csrc" / "codec"
 CPU = REPO / "csrc" / "llama.cpp" / "ggml" / "src" / "tq"  # the CPU backend's TQ kernels, as installed

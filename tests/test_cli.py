@@ -13,6 +13,8 @@ from llama_tq.cli import main
 from llama_tq.memory import memory_report
 from llama_tq.models import default_model
 
+pytestmark = pytest.mark.unit
+
 
 def test_help_lists_subcommands() -> None:
     exe = shutil.which("llama-tq")

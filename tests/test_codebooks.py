@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from llama_tq import _codec
-from llama_tq.codebook_solver import render_header, solve
+from llama_tq.tooling.codebook_solver import render_header, solve
+
+pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tq_reference as ref
 from llama_tq import _codec, validate
+from llama_tq import reference as ref
+
+pytestmark = pytest.mark.unit
 
 KINDS = {"tq3": 3, "tq4": 4}
 GOLDEN = Path(__file__).with_name("data") / "golden_tq.npz"

@@ -1,7 +1,8 @@
 """CI has no GPU: compile-check the CUDA sources with nvcc instead (the GPU tests are scripts/gpu/run_cuda.sh).
 
 Compiled for sm_90 with ggml-cuda's own flags (-use_fast_math -extended-lambda), from the base with the whole
-series applied: every csrc/llama.cpp/ggml/src/ggml-cuda/tq/*.cu as installed in ggml/src/ggml-cuda/tq/ (warnings are errors), the patched
+series applied: every csrc/llama.cpp/ggml/src/ggml-cuda/tq/*.cu as installed in ggml/src/ggml-cuda/tq/ (warnings
+are errors), the patched
 upstream convert.cu and ggml-cuda.cu, and the standalone exactness test tests/cuda/tq_quant_exact.cu, linked
 against the C codec. fattn.cu is left out: it needs the per-type-pair defines that ggml-cuda's CMake generates.
 ggml-cuda's headers include cuBLAS's, which the CUDA compiler package here lacks: the headers are taken from
@@ -20,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq import base, patcher
+from llama_tq.tooling import base, patcher
 
 REPO = Path(__file__).resolve().parents[1]
+CUDA_SRC = "csrc/llama.cpp/ggml/src/ggml-cuda/tq"  # our CUDA sources, at their place in the tree
 NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA sources cannot be compile-checked")
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA sources cannot be compile-checked")]
 
 FLAGS = ["-O2", "-std=c++17", "-arch=sm_90", "-use_fast_math", "-extended-lambda", "-DGGML_USE_CUDA"]
 
@@ -73,7 +76,7 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     inc = [f"-I{p}" for p in (patched / "ggml/include", patched / "ggml/src", cuda, cuda / "tq",
                               patched / "ggml/src/tq", cublas_headers())]
     ours = sorted((cuda / "tq").glob("*.cu"))
-    assert {p.name for p in ours} == {p.name for p in (REPO / "csrc/llama.cpp/ggml/src/ggml-cuda/tq").glob("*.cu")}
+    assert {p.name for p in ours} == {p.name for p in (REPO / CUDA_SRC).glob("*.cu")}
     jobs = [([*inc, "-Werror", "all-warnings", "-c", str(p), "-o", str(tmp_path / f"{p.stem}.o")], p.name)
             for p in ours]
     jobs += [([*inc, "-c", str(cuda / f"{n}.cu"), "-o", str(tmp_path / f"{n}.o")], f"{n}.cu (patched)")
@@ -89,7 +92,7 @@ def test_exactness_test_builds(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o",
                     str(codec)], check=True)
     exe = tmp_path / "tq_quant_exact"
-    proc = nvcc(["-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / "csrc/llama.cpp/ggml/src/ggml-cuda/tq"), str(REPO / "tests/cuda/tq_quant_exact.cu"),
-                 str(codec), "-o", str(exe)], tmp_path)
+    proc = nvcc(["-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / CUDA_SRC),
+                 str(REPO / "tests/cuda/tq_quant_exact.cu"), str(codec), "-o", str(exe)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert exe.stat().st_size > 0

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import llama_tq
+
+pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).resolve().parent
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq.demo import default_text
+from llama_tq.harness.demo import default_text
+
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,17 +6,15 @@ import math
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from llama_tq.harness.demo import default_text
 from llama_tq.models import default_model
+from llama_tq.synth import write_synth_model
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-WIKI = SHARED / "data" / "wikitext-2-raw" / "wiki.test.raw"
-SYNTH = SHARED / "tools" / "make_synth_gguf.py"
+pytestmark = pytest.mark.e2e
 
 # bytes per 256-value head row (K or V) of Gemma 3 270M, per cache type
 ROW_BYTES = {"f16": 512, "q8_0": 272, "q4_0": 144, "tq4": 136, "tq3": 104}
@@ -30,11 +28,9 @@ def run(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess[str]
 
 @pytest.fixture(scope="module")
 def wiki_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first ~40 kB of wikitext-2 test (enough for 3 chunks of 512 tokens), read from ../shared."""
-    if not WIKI.is_file():
-        pytest.fail(f"{WIKI} is missing (shared data is expected beside the repository)")
-    p = tmp_path_factory.mktemp("text") / "wiki-head.raw"
-    p.write_bytes(WIKI.read_bytes()[:40_000])
+    """~40 kB of the demo's embedded default text (Python's pydoc_data topics): 3 chunks of 512 tokens."""
+    p = tmp_path_factory.mktemp("text") / "topics-head.txt"
+    p.write_text(default_text()[:40_000])
     return p
 
 
@@ -97,12 +93,8 @@ def test_unknown_cache_type_is_a_clear_error() -> None:
 
 
 def synth_model(path: Path, n_embd: int, n_head: int) -> Path:
-    subprocess.run(
-        [sys.executable, str(SYNTH), str(path), "--n-layer", "2", "--n-embd", str(n_embd), "--n-head", str(n_head),
-         "--n-head-kv", "2", "--n-ff", "512", "--n-vocab", "512", "--n-ctx", "1024"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return path
+    return write_synth_model(path, n_layer=2, n_embd=n_embd, n_head=n_head, n_head_kv=2, n_ff=512, n_vocab=512,
+                             n_ctx=1024)  # fmt: skip
 
 
 def test_unsupported_head_size_fails_cleanly(tmp_path: Path, wiki_head: Path) -> None:

@@ -12,6 +12,8 @@ import pytest
 from llama_tq.binding import install_llama_cpp_python
 from llama_tq.models import default_model
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def binding() -> None:
@@ -82,7 +84,7 @@ TRIATT_SCRIPT = textwrap.dedent(
 def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """TriAttention V3 on a llama-cpp-python context through the new C API: bad settings raise with llama.cpp's
     message; 1400 tokens against a budget of 600 evict (a round each time the cache passes 600 + 128)."""
-    from llama_tq.demo import default_text
+    from llama_tq.harness.demo import default_text
 
     text = tmp_path / "t.txt"
     text.write_text(default_text()[:20_000])

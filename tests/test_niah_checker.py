@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq import niah
+from llama_tq.harness import niah
+
+pytestmark = pytest.mark.unit
 
 LOGS = Path(__file__).with_name("data") / "logs"
 N = niah.Needle.parse(niah.DEFAULT_NEEDLE)

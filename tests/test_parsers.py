@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq import bench, ppl
+from llama_tq.harness import bench, ppl
+from llama_tq.harness.common import KvConfig, eviction_check, eviction_of
+
+pytestmark = pytest.mark.unit
 
 LOGS = Path(__file__).with_name("data") / "logs"
 
@@ -34,21 +37,21 @@ def test_llama_bench_json() -> None:
 
 
 def test_kv_config_parsing() -> None:
-    c = ppl.KvConfig.parse("q8_0/tq3")
+    c = KvConfig.parse("q8_0/tq3")
     assert (c.k, c.v, c.bits) == ("q8_0", "tq3", pytest.approx((8.5 + 3.25) / 2))
-    assert ppl.KvConfig.parse("tq4").name == "tq4/tq4"
-    rot = ppl.KvConfig.parse("tq4/tq4@rot")
+    assert KvConfig.parse("tq4").name == "tq4/tq4"
+    rot = KvConfig.parse("tq4/tq4@rot")
     assert rot.env == (("LLAMA_TQ_ATTN_ROT", "1"),) and rot.name == "tq4/tq4@rot"
-    assert ppl.KvConfig.parse("tq3/tq3@rotk").env == (("LLAMA_TQ_ATTN_ROT", "k"),)
+    assert KvConfig.parse("tq3/tq3@rotk").env == (("LLAMA_TQ_ATTN_ROT", "k"),)
     with pytest.raises(ValueError, match="unknown cache type 'tq5'"):
-        ppl.KvConfig.parse("tq5/tq3")
+        KvConfig.parse("tq5/tq3")
     with pytest.raises(ValueError, match="unknown option"):
-        ppl.KvConfig.parse("tq4@fast")
+        KvConfig.parse("tq4@fast")
 
 
 def test_protocol_refuses_fewer_than_3_chunks(tmp_path: Path) -> None:
     with pytest.raises(ppl.ProtocolError, match="--allow-noisy"):
-        ppl.run_matrix(tmp_path / "m.gguf", tmp_path / "t.raw", [ppl.KvConfig.parse("tq3")], chunks=2)
+        ppl.run_matrix(tmp_path / "m.gguf", tmp_path / "t.raw", [KvConfig.parse("tq3")], chunks=2)
 
 
 def test_llama_bench_markdown() -> None:
@@ -59,19 +62,22 @@ def test_llama_bench_markdown() -> None:
 
 
 def test_eviction_runs_without_evictions_are_invalid() -> None:
-    cfg = ppl.KvConfig.parse("tq3")
+    """Eviction validity comes from what libllama logged: the configure line says eviction was on, the round lines
+    count the rounds; a finished run with eviction on and no round is INVALID."""
+    cfg = KvConfig.parse("tq3")
     log = (LOGS / "perplexity_kld_q8_0.log").read_text()
-    r = ppl._result(cfg, 0, log, 1.0, 16, evict=True)
+    assert ppl._result(cfg, 0, log, 1.0, 16).evictions is None  # eviction off: nothing to check
+    on = log + "triatt: V3 eviction on: budget 2048, prefix 128, window 128, segments 8, divide 128, warmup 1024\n"
+    r = ppl._result(cfg, 0, on, 1.0, 16)
     assert not r.ok and r.evictions == 0 and "INVALID" in r.error
-    evicting = log + "triatt: evict: evicted 200/2248 cells round=1 seq=0 budget=2048\n" * 3
-    r = ppl._result(cfg, 0, evicting, 1.0, 16, evict=True)
+    evicting = on + "triatt: evict: evicted 200/2248 cells round=1 seq=0 kept=2048 budget=2048 policy=V3 t_ms=1\n" * 3
+    r = ppl._result(cfg, 0, evicting, 1.0, 16)
     assert r.ok and r.evictions == 3
-    assert ppl._result(cfg, 0, log, 1.0, 16, evict=False).evictions is None
 
 
-def test_eviction_requested() -> None:
-    assert ppl.eviction_requested(["--triatt-budget", "1800"], env={})
-    assert ppl.eviction_requested(["--triatt-budget=1800"], env={})
-    assert not ppl.eviction_requested(["--triatt-budget", "0"], env={"TRIATT_BUDGET": "100"})  # the flag wins
-    assert ppl.eviction_requested([], env={"TRIATT_BUDGET": "100"})
-    assert not ppl.eviction_requested(["-c", "2048"], env={})
+def test_eviction_of_reads_the_summary_line() -> None:
+    ev = eviction_of("triatt: summary: policy=V3 budget=600 rounds=0 evicted=0 t_ms=0.0\n")
+    assert ev is not None and ev.rounds == 0
+    assert eviction_of("llama_kv_cache: size = 1.00 MiB") is None
+    assert eviction_check("triatt: summary: policy=V1 budget=600 rounds=0 evicted=0 t_ms=0.0", rc=0)[1]
+    assert eviction_check("triatt: summary: policy=V1 budget=600 rounds=0 evicted=0 t_ms=0.0", rc=1) == (0, "")

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from conftest import snapshot
-from llama_tq import patcher
 from llama_tq.cli import main as cli
+from llama_tq.tooling import patcher
+
+pytestmark = pytest.mark.unit
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 
@@ -43,6 +45,45 @@ def test_series_is_thin_and_generated() -> None:
         text = p.read_text()
         assert text.startswith("From 0000000000000000000000000000000000000000"), f"{p.name} is not format-patch output"
     assert {d for _, d in s.files} >= {"ggml/src/tq/tq_codec.c", "ggml/src/tq/tq_codec.h"}
+
+
+UPSTREAM_LINE_BUDGET = 800  # changed lines of upstream files the series may carry (test-backend-ops excluded)
+
+
+def upstream_lines_changed(series: patcher.Series) -> dict[str, int]:
+    """Added + removed lines per upstream file over the whole series (our own installed files are not in it)."""
+    changed: dict[str, int] = {}
+    for p in series.patches:
+        path = None
+        for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("diff --git "):
+                path = line.rsplit(" b/", 1)[1]
+            elif path and line[:1] in "+-" and not line.startswith(("+++", "---")):
+                changed[path] = changed.get(path, 0) + 1
+    return changed
+
+
+def test_series_stays_within_the_upstream_line_budget() -> None:
+    """The series must stay rebasable: registration and wiring only, algorithms in csrc/."""
+    changed = upstream_lines_changed(patcher.load_series())
+    counted = {f: n for f, n in changed.items() if not f.endswith("tests/test-backend-ops.cpp")}
+    total = sum(counted.values())
+    print(f"\nupstream lines changed: {total} in {len(counted)} files (budget {UPSTREAM_LINE_BUDGET})")
+    assert total <= UPSTREAM_LINE_BUDGET, sorted(counted.items(), key=lambda kv: -kv[1])
+
+
+def test_installed_files_mirror_their_destinations() -> None:
+    """patches/files is derived: csrc/llama.cpp/ mirrors the tree, the standalone sources go where the series
+    expects them, and every file a patch references under those directories exists."""
+    s = patcher.load_series()
+    dests = {d for _, d in s.files}
+    assert len(dests) == len(s.files), "two sources install to one destination"
+    for src, dest in s.files:
+        if "csrc/llama.cpp/" in str(src):
+            assert str(src).endswith(dest)
+    for d in ("ggml/src/tq/ggml-tq-cpu.c", "src/triatt/llama-triatt.cpp", "src/triatt/triatt.c",
+              "ggml/src/ggml-cuda/tq/tq-fattn.cuh", "src/tq/llama-tq-attn-rot.cpp"):  # fmt: skip
+        assert d in dests, d
 
 
 def test_check_changes_nothing(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import snapshot
-from llama_tq import base, patcher, prepare
+from llama_tq.tooling import base, patcher, prepare
+
+pytestmark = pytest.mark.unit
 
 
 def test_cached_sdist_is_verified() -> None:
@@ -55,7 +57,8 @@ def test_edited_csrc_is_refreshed_without_re_extracting(tree: Path, tmp_path: Pa
     prepare.prepare(dest, src=tree, series=series)
     marker = dest / "ggml" / "marker"
     marker.write_text("kept")  # would vanish if the tree were extracted again
-    (root / "csrc" / "codec" / "tq_codec.c").write_text((root / "csrc" / "codec" / "tq_codec.c").read_text() + "/* edited */\n")
+    codec = root / "csrc" / "codec" / "tq_codec.c"
+    codec.write_text(codec.read_text() + "/* edited */\n")
     msg = prepare.prepare(dest, src=tree, series=series)
     assert "up to date (1 csrc files refreshed)" in msg
     assert (dest / "ggml/src/tq/tq_codec.c").read_text().endswith("/* edited */\n")

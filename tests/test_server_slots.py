@@ -14,6 +14,8 @@ import pytest
 
 from llama_tq.models import default_model
 
+pytestmark = pytest.mark.e2e
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq.demo import default_text
+from llama_tq.harness.demo import default_text
 from llama_tq.models import default_model
+
+pytestmark = pytest.mark.e2e
 
 
 def perplexity(text: Path, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,9 +57,27 @@ def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
     assert ppl != baseline and baseline < ppl * 1.02 and ppl < baseline * 1.05, (baseline, ppl)
 
 
+def test_default_verbosity_shows_a_summary(text: Path) -> None:
+    """Without -lv 4 a user still sees that eviction happened: one summary line per context (rounds, cells, time)."""
+    exe = shutil.which("llama-perplexity")
+    assert exe
+    args = [exe, "-m", str(default_model()), "-f", str(text), "-c", "2048", "-b", "512", "--chunks", "3", "-t", "2",
+            "-fa", "on", "--triatt-budget", "768", "--triatt-warmup", "256"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "triatt: evict:" not in proc.stderr  # the per-round lines stay at -lv 4
+    (m,) = re.findall(r"triatt: summary: policy=V3 budget=768 rounds=(\d+) evicted=(\d+) t_ms=[0-9.]+", proc.stderr)
+    assert int(m[0]) == 9 and int(m[1]) == 3 * (256 + 512 + 512)
+
+
 def test_env_fallback_and_flag_wins(text: Path) -> None:
+    """LLAMA_ARG_TRIATT_* as upstream names its variables; TRIATT_* are documented aliases (LLAMA_ARG_ wins)."""
+    proc = perplexity(text, env={"LLAMA_ARG_TRIATT_BUDGET": "700", "LLAMA_ARG_TRIATT_HYBRID": "0"})
+    assert proc.returncode == 0 and "budget=700 policy=V1" in proc.stderr, proc.stderr[-2000:]
     proc = perplexity(text, env={"TRIATT_BUDGET": "700", "TRIATT_HYBRID": "0"})
     assert proc.returncode == 0 and "budget=700 policy=V1" in proc.stderr, proc.stderr[-2000:]
+    proc = perplexity(text, env={"TRIATT_BUDGET": "700", "LLAMA_ARG_TRIATT_BUDGET": "800"})
+    assert proc.returncode == 0 and "budget=800 policy=V3" in proc.stderr, proc.stderr[-2000:]
     proc = perplexity(text, "--triatt-budget", "0", env={"TRIATT_BUDGET": "700"})
     assert proc.returncode == 0 and "triatt: evict:" not in proc.stderr
 

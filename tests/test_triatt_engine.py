@@ -8,6 +8,8 @@ import pytest
 
 from llama_tq import _triatt as tri
 
+pytestmark = pytest.mark.unit
+
 
 def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, prefix: int, window: int,
                segments: int) -> np.ndarray:  # fmt: skip

@@ -1,13 +1,12 @@
 """Which tokens does the TriAttention score call important? An oracle on the real default model.
 
 tests/c/dump_qk.cpp records the post-RoPE queries and keys of every layer while Gemma 3 270M reads 2048 tokens of
-wikitext-2. At T = 1536 the cache holds keys 0..T-1; the oracle is the attention mass each of them then receives
-from the 512 later queries (softmax over everything before the query, summed over heads of the full-attention
-layers). The score is calibrated on the queries of the first 1024 tokens, as the llama.cpp hook does, and keys are
-scored at t_now = T - 1. Every selection keeps the last 128 positions plus B others; the share of the oracle mass
-they keep decides the direction: keeping the highest scores (the paper) must beat keeping the lowest (what the
-reference implementation does), random choice and plain recency.
-"""
+the embedded default text (Python's pydoc_data topics). At T = 1536 the cache holds keys 0..T-1; the oracle is the
+attention mass each of them then receives from the 512 later queries (softmax over everything before the query,
+summed over heads of the full-attention layers). The score is calibrated on the queries of the first 1024 tokens, as
+the llama.cpp hook does, and keys are scored at t_now = T - 1. Every selection keeps the last 128 positions plus B
+others; the share of the oracle mass they keep decides the direction: keeping the highest scores (the paper) must
+beat keeping the lowest (what the reference implementation does), random choice and plain recency."""
 
 from __future__ import annotations
 
@@ -19,11 +18,13 @@ import pytest
 
 import llama_tq
 from llama_tq import _triatt as tri
+from llama_tq.harness.demo import default_text
 from llama_tq.memory import read_attn_params
 from llama_tq.models import default_model
 
+pytestmark = pytest.mark.e2e
+
 HERE = Path(__file__).resolve().parent
-WIKI = HERE.parents[1] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 N, T, WARMUP, WINDOW = 2048, 1536, 1024, 128
 
 
@@ -36,7 +37,7 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "-L", str(lib), "-lllama", "-lggml-base", "-lggml", f"-Wl,-rpath,{lib}", "-o", str(exe)],
                    check=True)  # fmt: skip
     text = work / "wiki.txt"
-    text.write_bytes(WIKI.read_bytes()[200_000:260_000])  # well inside the file: no article-start effects
+    text.write_text(default_text()[200_000:260_000])  # well inside the text: no start-of-document effects
     subprocess.run([str(exe), str(default_model()), str(text), str(N), str(work)], check=True, timeout=600)
     return work
 

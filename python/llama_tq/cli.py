@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, paths
+from .errors import EXIT_FAILED, EXIT_OK, LlamaTqError, ModelError, UsageError
 
 DESCRIPTION = """\
 llama-tq: TurboQuant KV cache types (tq3, tq4) for llama.cpp.
@@ -27,7 +28,11 @@ examples:
   llama-tq memory model.gguf --ctx 32768
   llama-tq patch ~/src/llama.cpp --check   would our series apply to your tree?
   llama-tq patch ~/src/llama.cpp        apply it (atomic; --revert undoes it)
-  llama-tq paths                        where the tools and libraries are"""
+  llama-tq v3 --text wiki.test.raw      TriAttention V3 validation matrix (PPL/KLD + NIAH, with and without eviction)
+  llama-tq paths                        where the tools and libraries are
+
+exit status: 0 success; 1 a run broke or was INVALID, a target was missed, or the patch series does not apply;
+2 bad input (arguments, configs, the protocol, missing files or model); 3 the environment (tools, base, pip)."""
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -36,21 +41,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     rows = validate(n=args.n, seed=args.seed)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return EXIT_OK if all(r["ok"] for r in rows) else EXIT_FAILED
 
 
 def _cmd_memory(args: argparse.Namespace) -> int:
     from .memory import memory_report
-    from .models import ModelError, default_model
 
-    try:
-        model = args.model or default_model()
-    except ModelError as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 2
-    if not Path(model).is_file():
-        print(f"llama-tq: error: no such model file: {model}", file=sys.stderr)
-        return 2
+    model = _model(args)
     report = memory_report(model, n_ctx=args.ctx)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -58,122 +55,126 @@ def _cmd_memory(args: argparse.Namespace) -> int:
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
-    from . import patcher
+    from .tooling import patcher
 
     tree = args.dir.resolve()
-    try:
-        if args.check:
-            result = patcher.check(tree)
-            print(result.message)
-            return 0 if result.state in ("applies", "applied") else 1
-        print(patcher.revert(tree) if args.revert else patcher.apply(tree))
-    except patcher.PatchError as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    if args.check:
+        result = patcher.check(tree)
+        print(result.message)
+        return EXIT_OK if result.state in ("applies", "applied") else EXIT_FAILED
+    print(patcher.revert(tree) if args.revert else patcher.apply(tree))
+    return EXIT_OK
+
+
+def _model(args: argparse.Namespace) -> Path:
+    from .models import default_model
+
+    model = Path(args.model) if args.model else default_model()
+    if not model.is_file():
+        raise ModelError(f"no such model file: {model}")
+    return model
 
 
 def _cmd_ppl(args: argparse.Namespace) -> int:
-    from . import ppl
-    from .models import ModelError, default_model
+    from .harness import ppl
+    from .harness.common import KvConfig
 
-    try:
-        configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
-        model = args.model or default_model()
-        results = ppl.run_matrix(model, args.text, configs, ctx=args.ctx, chunks=args.chunks, threads=args.threads,
-                                 allow_noisy=args.allow_noisy, out_dir=args.out, extra_args=shlex.split(args.extra),
-                                 evict_args=shlex.split(args.evict))  # fmt: skip
-    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 2
+    configs = KvConfig.parse_list(args.kv)
+    model = _model(args)
+    results = ppl.run_matrix(model, args.text, configs, ctx=args.ctx, chunks=args.chunks, threads=args.threads,
+                             allow_noisy=args.allow_noisy, out_dir=args.out, extra_args=shlex.split(args.extra),
+                             evict_args=shlex.split(args.evict))  # fmt: skip
     ppl.print_table(results, ref=args.ref)
     meta = {"model": str(model), "text": str(args.text), "ctx": args.ctx, "chunks": args.chunks,
             "threads": args.threads, "extra": args.extra, "evict": args.evict, "noisy": args.chunks < 3,
-            "title": f"{Path(model).name}, -c {args.ctx} --chunks {args.chunks}"
+            "title": f"{model.name}, -c {args.ctx} --chunks {args.chunks}"
             + (" (NOISY: < 3 chunks)" if args.chunks < 3 else "")}  # fmt: skip
     ppl.write_outputs(results, args.out, meta)
     print(f"\nwrote {args.out}/ppl.json, ppl.csv, kld_vs_bits.png (logs in {args.out}/logs)")
-    return 0 if all(r.ok for r in results) else 1
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
+
+
+def _haystack(args: argparse.Namespace) -> str:
+    from .harness.demo import default_text
+
+    if args.text is None:
+        return default_text()
+    if not args.text.is_file():
+        raise UsageError(f"no such text file: {args.text}")
+    return args.text.read_text(errors="replace")
 
 
 def _cmd_niah(args: argparse.Namespace) -> int:
-    from . import niah, ppl
-    from .models import ModelError, default_model
+    from .harness import niah
+    from .harness.common import KvConfig
 
-    try:
-        configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
-        positions = niah.parse_positions(args.positions)
-        needle = niah.Needle.parse(args.needle, args.answer)
-        model = args.model or default_model()
-        text = args.text.read_text(errors="replace") if args.text else _default_text()
-        results = niah.run_grid(model, text, configs, args.ctx, positions, needle, style=args.style,
-                                n_predict=args.n_predict, think=args.think, threads=args.threads,
-                                extra_args=shlex.split(args.extra), out_dir=args.out)  # fmt: skip
-    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 2
+    configs = KvConfig.parse_list(args.kv)
+    positions = niah.parse_positions(args.positions)
+    needle = niah.Needle.parse(args.needle, args.answer)
+    model = _model(args)
+    results = niah.run_grid(model, _haystack(args), configs, args.ctx, positions, needle, style=args.style,
+                            n_predict=args.n_predict, think=args.think, threads=args.threads,
+                            extra_args=shlex.split(args.extra), out_dir=args.out)  # fmt: skip
     niah.print_table(results)
     meta = {"model": str(model), "text": str(args.text or "pydoc_data.topics"), "ctx": args.ctx, "style": args.style,
             "needle": needle.sentence, "answer": needle.answer, "n_predict": args.n_predict, "extra": args.extra,
-            "title": f"{Path(model).name}, {args.ctx} tokens, {args.style}"}  # fmt: skip
+            "title": f"{model.name}, {args.ctx} tokens, {args.style}"}  # fmt: skip
     niah.write_outputs(results, args.out, meta)
     print(f"\nwrote {args.out}/niah.json, niah.png (logs in {args.out}/logs)")
-    return 0 if all(r.ok for r in results) else 1
-
-
-def _default_text() -> str:
-    from .demo import default_text
-
-    return default_text()
+    if args.require_pass and any(r.status != "PASS" for r in results):
+        return EXIT_FAILED
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo
-    from .models import ModelError, default_model
+    from .harness import demo
 
-    try:
-        model = args.model or default_model()
-        report = demo.run(model, args.text, args.ctx, args.chunks, args.out, threads=args.threads, kv=args.kv)
-    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 2
+    report = demo.run(_model(args), args.text, args.ctx, args.chunks, args.out, threads=args.threads, kv=args.kv)
     print()
     demo.print_table(report)
     print(f"wrote {args.out}/demo.json, demo.png (PPL runs in {args.out}/ppl, NIAH runs in {args.out}/niah)")
-    return 0 if all(r["ppl_ok"] for r in report["rows"]) else 1  # type: ignore[index, union-attr]
+    return EXIT_OK if all(r["ppl_ok"] for r in report["rows"]) else EXIT_FAILED  # type: ignore[index, union-attr]
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench, ppl
-    from .models import ModelError, default_model
+    from .harness import bench
+    from .harness.common import KvConfig
 
-    try:
-        configs = [ppl.KvConfig.parse(c) for c in args.kv.split(",") if c.strip()]
-        if args.ref not in [c.name for c in configs]:
-            raise ValueError(f"the reference {args.ref} is not among --kv")
-        model = args.model or default_model()
-        rows = bench.run(model, configs, depths=args.depths, prompt=args.prompt, gen=args.gen, reps=args.reps,
-                         rounds=args.rounds, threads=args.threads)  # fmt: skip
-    except (ValueError, ModelError, FileNotFoundError, RuntimeError) as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 2
+    configs = KvConfig.parse_list(args.kv)
+    if args.ref not in [c.name for c in configs]:
+        raise UsageError(f"the reference {args.ref} is not among --kv")
+    model = _model(args)
+    rows = bench.run(model, configs, depths=args.depths, prompt=args.prompt, gen=args.gen, reps=args.reps,
+                     rounds=args.rounds, threads=args.threads, out_dir=args.out)  # fmt: skip
     out = bench.table(rows, args.ref)
     meta = {"model": str(model), "depths": args.depths, "prompt": args.prompt, "gen": args.gen, "reps": args.reps,
             "rounds": args.rounds, "threads": args.threads, "ref": args.ref}  # fmt: skip
     bench.write_outputs(out, rows, args.out, meta)
     print(f"wrote {args.out}/bench.json, bench.csv")
-    return 0
+    return EXIT_OK
+
+
+def _cmd_v3(args: argparse.Namespace) -> int:
+    from .harness import v3
+    from .harness.common import KvConfig
+
+    caches = KvConfig.parse_list(args.caches)
+    retentions = tuple(int(x) for x in args.retention.split(",") if x.strip())
+    if not args.text.is_file():
+        raise UsageError(f"no such text file: {args.text}")
+    haystack = _haystack(argparse.Namespace(text=args.haystack or args.text))
+    report = v3.run(_model(args), args.text, haystack, caches, args.out, ctx=args.ctx, niah_ctx=args.niah_ctx,
+                    retentions=retentions, niah_retention=args.niah_retention, threads=args.threads,
+                    flags=shlex.split(args.flags))  # fmt: skip
+    print(f"\nwrote {args.out}/v3.json, v3.md (runs in {args.out}/ppl_*, {args.out}/niah_*)")
+    return EXIT_OK if report["ok"] else EXIT_FAILED
 
 
 def _cmd_python_binding(args: argparse.Namespace) -> int:
     from .binding import install_llama_cpp_python
 
-    try:
-        print(install_llama_cpp_python())
-    except RuntimeError as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    print(install_llama_cpp_python())
+    return EXIT_OK
 
 
 def _cmd_paths(args: argparse.Namespace) -> int:
@@ -185,14 +186,10 @@ def _cmd_paths(args: argparse.Namespace) -> int:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from . import devtree, patcher
+    from .tooling import devtree
 
-    try:
-        print(devtree.init(args.dir) if args.action == "init" else devtree.export(args.dir))
-    except patcher.PatchError as e:
-        print(f"llama-tq: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    print(devtree.init(args.dir) if args.action == "init" else devtree.export(args.dir))
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--think", action="store_true", help="a thinking model: allow 2048 tokens, judge after </think>")
     p.add_argument("--threads", "-t", type=int, default=2)
     p.add_argument("--extra", default="", help="more llama-completion arguments, e.g. eviction flags")
+    p.add_argument("--require-pass", action="store_true", help="exit 1 unless every run PASSes")
     p.add_argument("--out", type=Path, default=Path("out/niah"))
     p.set_defaults(func=_cmd_niah)
 
@@ -282,6 +280,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser("v3", help="TriAttention V3 validation: PPL/KLD at retentions and NIAH, V1/V3 vs none")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--text", type=Path, required=True, help="evaluation text (and haystack), e.g. wiki.test.raw")
+    p.add_argument("--haystack", type=Path, help="NIAH haystack text (default: --text)")
+    p.add_argument("--caches", default="f16/f16,q8_0/tq3,tq3/tq3", help="K/V configs for the PPL matrix")
+    p.add_argument("--ctx", type=int, default=8192, help="PPL context (default 8192)")
+    p.add_argument("--niah-ctx", type=int, default=16384, help="NIAH context in tokens (default 16384)")
+    p.add_argument("--retention", default="90,75", help="V3 budgets as %% of --ctx (default 90,75)")
+    p.add_argument("--niah-retention", type=int, default=90, help="V1/V3 budget as %% of --niah-ctx (default 90)")
+    p.add_argument("--flags", default="", help="more --triatt-* flags for every eviction run")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("out/v3"))
+    p.set_defaults(func=_cmd_v3)
+
     p = sub.add_parser("python-binding", help="install the matching llama-cpp-python, bound to these libraries")
     p.set_defaults(func=_cmd_python_binding)
 
@@ -296,8 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The one error handler: every LlamaTqError becomes its documented exit code and a one-line message."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except LlamaTqError as e:
+        print(f"llama-tq: error: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

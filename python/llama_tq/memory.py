@@ -8,14 +8,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-# cache type -> (values per block, bytes per block)
-KV_TYPES: dict[str, tuple[int, int]] = {
-    "f16": (1, 2),
-    "q8_0": (32, 34),
-    "q4_0": (32, 18),
-    "tq4": (128, 68),
-    "tq3": (128, 52),
-}
+from .cachetypes import REPORT_TYPES, cache_type
+
 # Architectures whose sliding-window layer pattern llama.cpp hard-codes (every n-th layer is global).
 _SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}
 
@@ -56,8 +50,7 @@ def read_attn_params(path: Path) -> AttnParams:
 
 def row_bytes(kind: str, n_values: int) -> int | None:
     """Bytes of one row of n_values in a cache type, or None if the row is not a whole number of blocks."""
-    per_block, nbytes = KV_TYPES[kind]
-    return None if n_values % per_block else n_values // per_block * nbytes
+    return cache_type(kind).row_bytes(n_values)
 
 
 def kv_bytes_per_token(p: AttnParams, k_type: str, v_type: str) -> int | None:
@@ -73,11 +66,11 @@ def memory_report(gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512,
     p = read_attn_params(Path(gguf_path))
     rows = []
     notes = []
-    for kind in KV_TYPES:
+    for kind in REPORT_TYPES:
         k = row_bytes(kind, p.head_k)
         v = row_bytes(kind, p.head_v)
         if k is None or v is None:
-            block = KV_TYPES[kind][0]
+            block = cache_type(kind).block
             notes.append(f"{kind}: head size K={p.head_k}/V={p.head_v} is not a multiple of {block}: unsupported")
             rows.append({"type": kind, "supported": False})
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llama_tq.codebook_solver import solve, subscales
+from llama_tq.tooling.codebook_solver import solve, subscales
 
 BLOCK = 128
 _M64 = (1 << 64) - 1

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .ppl import KvConfig
+from ..errors import RunError
+from .common import KvConfig, progress, run_tool
 
 
 @dataclass
@@ -70,21 +68,19 @@ def run(
     rounds: int = 1,
     threads: int = 2,
     extra: list[str] | None = None,
+    out_dir: Path | None = None,
 ) -> list[SpeedRow]:
-    exe = shutil.which("llama-bench")
-    if not exe:
-        raise FileNotFoundError("llama-bench is not on PATH (pip install llama-tq)")
+    logs = (out_dir or Path(tempfile.mkdtemp(prefix="llama-tq-bench-"))) / "logs"
     rows: dict[tuple[str, str], SpeedRow] = {}
     for rnd in range(rounds):
         for i, cfg in enumerate(configs, 1):
-            print(f"[round {rnd + 1}/{rounds}] [{i}/{len(configs)}] {cfg.name}", file=sys.stderr, flush=True)
-            cmd = [exe, "-m", str(model), "-t", str(threads), "-fa", "1", "-p", str(prompt), "-n", str(gen), "-d",
-                   depths, "-r", str(reps), "-ctk", cfg.k, "-ctv", cfg.v, "-o", "json", *(extra or [])]  # fmt: skip
-            env = {**os.environ, **dict(cfg.env)} if cfg.env else None
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                raise RuntimeError(f"llama-bench failed for {cfg.name}: {proc.stderr[-2000:]}")
-            for rec in parse_llama_bench_json(proc.stdout):
+            progress(f"[round {rnd + 1}/{rounds}] [{i}/{len(configs)}] {cfg.name}")
+            args = ["-m", str(model), "-t", str(threads), "-fa", "1", "-p", str(prompt), "-n", str(gen), "-d", depths,
+                    "-r", str(reps), *cfg.flags, "-o", "json", *(extra or [])]  # fmt: skip
+            run = run_tool("llama-bench", args, logs / f"{cfg.slug}_round{rnd + 1}.log", env=cfg.env)
+            if run.rc != 0:
+                raise RunError(f"llama-bench failed for {cfg.name}: {run.stderr[-2000:]}")
+            for rec in parse_llama_bench_json(run.stdout):
                 key = (cfg.name, test_name(rec))
                 samples = [float(x) for x in rec.get("samples_ts", [rec["avg_ts"]])]  # type: ignore[union-attr]
                 rows.setdefault(key, SpeedRow(cfg.name, key[1], [])).tps.extend(samples)

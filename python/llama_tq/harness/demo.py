@@ -9,12 +9,14 @@ same run, and a cloze needle-in-a-haystack at CTX tokens with the needle at star
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-from . import memory, niah, ppl
-from .ppl import KvConfig
+from .. import memory
+from ..cachetypes import is_tq
+from ..errors import UsageError
+from . import niah, ppl
+from .common import KvConfig, progress
 
 CONFIGS = "f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3"
 TEXT_SOURCE = "Python Language Reference topics shipped with CPython (pydoc_data.topics, PSF License Version 2)"
@@ -24,7 +26,7 @@ def default_text() -> str:
     try:
         from pydoc_data.topics import topics
     except ImportError as e:  # some distributions split it out of the standard library
-        raise FileNotFoundError("this Python has no pydoc_data (the demo's default text): pass --text FILE") from e
+        raise UsageError("this Python has no pydoc_data (the demo's default text): pass --text FILE") from e
     return "\n\n".join(topics[k].strip() for k in sorted(topics))
 
 
@@ -47,16 +49,16 @@ def run(
     else:
         source = str(text_path)
     text = text_path.read_text(errors="replace")
-    configs = [KvConfig.parse(c) for c in kv.split(",") if c.strip()]
+    configs = KvConfig.parse_list(kv)
     params = memory.read_attn_params(model)
 
-    print(f"== llama-tq demo: {model.name}, text: {source}", file=sys.stderr)
-    print(f"== 1/2 perplexity + KLD vs f16: -c {ctx} -b 512 --chunks {chunks}", file=sys.stderr)
+    progress(f"== llama-tq demo: {model.name}, text: {source}")
+    progress(f"== 1/2 perplexity + KLD vs f16: -c {ctx} -b 512 --chunks {chunks}")
     others = [c for c in configs if c.name != "f16/f16"]  # f16/f16 is the base run itself
     ppl_rows = ppl.run_matrix(model, text_path, others, ctx=ctx, chunks=chunks, threads=threads,
                               allow_noisy=False, out_dir=out_dir / "ppl")  # fmt: skip
     by_name = {r.config: r for r in ppl_rows}
-    print(f"== 2/2 cloze needle in a haystack at {ctx} tokens", file=sys.stderr)
+    progress(f"== 2/2 cloze needle in a haystack at {ctx} tokens")
     needle = niah.Needle.parse(niah.DEFAULT_NEEDLE)
     niah_rows = niah.run_grid(model, text, configs, ctx, niah.parse_positions(positions), needle, style="cloze",
                               threads=threads, out_dir=out_dir / "niah")  # fmt: skip
@@ -122,7 +124,7 @@ def plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
     for r in rows:
         if r["kld"] is not None and r["config"] != "f16/f16":
             x, y = float(r["kv_bytes_per_token"]), max(float(r["kld"]), 1e-5)  # type: ignore[arg-type]
-            tq = "tq" in str(r["config"])
+            tq = any(is_tq(t) for t in str(r["config"]).split("@")[0].split("/"))
             ax.scatter(x, y, color="tab:red" if tq else "tab:blue", zorder=3)
             # TQ labels above, others below: tq4 and q4_0 sit close together
             ax.annotate(str(r["config"]), (x, y), textcoords="offset points", xytext=(4, 5 if tq else -11), fontsize=8)

@@ -15,16 +15,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .ppl import EVICT_LINE, KvConfig, eviction_requested
+from ..errors import LlamaTqError, UsageError
+from .common import LOG_FLAGS, NIAH_FLAGS, KvConfig, eviction_check, progress, run_tool, tool
 
 DEFAULT_NEEDLE = "The secret code word is PURPLE ELEPHANT 7742."
 POSITIONS = {"start": 0.05, "middle": 0.5, "end": 0.95}
@@ -33,8 +32,8 @@ QUESTION = "\n\nQuestion: What is the secret code word in the text above?\nAnswe
 THINK_TOKENS = 2048
 
 
-class NiahError(RuntimeError):
-    pass
+class NiahError(LlamaTqError):
+    """A prompt cannot be built (tokenizer failure, no room for a haystack)."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +49,11 @@ class Needle:
         if answer is None:
             _, sep, tail = sentence.rpartition(" is ")
             if not sep:
-                raise ValueError(f"cannot find the answer in the needle {sentence!r}: pass --answer")
+                raise UsageError(f"cannot find the answer in the needle {sentence!r}: pass --answer")
             answer = tail.rstrip(".")
         i = sentence.find(answer)
         if not answer or i < 0:
-            raise ValueError(f"the answer {answer!r} is not in the needle {sentence!r}")
+            raise UsageError(f"the answer {answer!r} is not in the needle {sentence!r}")
         return cls(sentence, sentence[:i].rstrip(), answer)
 
     @property
@@ -103,9 +102,7 @@ def check(generated: str, needle: Needle) -> str:
 
 def tokenizer_for(model: Path) -> Callable[[str], int]:
     """Token count of a text (with BOS, as llama-completion sees it) by the model's tokenizer."""
-    exe = shutil.which("llama-tokenize")
-    if not exe:
-        raise FileNotFoundError("llama-tokenize is not on PATH (pip install llama-tq)")
+    exe = str(tool("llama-tokenize"))
 
     def count(text: str) -> int:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
@@ -153,7 +150,7 @@ def build_prompt(
     """A prompt of at most n_tokens tokens (and within 3% of it): haystack sentences with the needle at a sentence
     boundary at `fraction` of the haystack, then the cue (cloze) or a question."""
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"needle position {fraction} is outside [0, 1]")
+        raise UsageError(f"needle position {fraction} is outside [0, 1]")
     units = sentences(haystack)
     if not units:
         raise NiahError("the haystack text has no sentences")
@@ -211,23 +208,15 @@ class NiahResult:
 def run_completion(
     model: Path, prompt: Prompt, cfg: KvConfig, ctx: int, n_predict: int, threads: int, extra: list[str], log: Path
 ) -> tuple[int, str, str]:
-    exe = shutil.which("llama-completion")
-    if not exe:
-        raise FileNotFoundError("llama-completion is not on PATH (pip install llama-tq)")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt.text)
-    # -lv 4: the library's info lines (e.g. TriAttention's eviction rounds) reach the log
-    args = [exe, "-m", str(model), "-f", f.name, "-c", str(ctx), "-n", str(n_predict), "-no-cnv",
-            "--no-display-prompt", "--temp", "0", "-t", str(threads), "-fa", "on", "-lv", "4",
-            "-ctk", cfg.k, "-ctv", cfg.v, *extra]  # fmt: skip
-    env = dict(os.environ)
-    env.update(dict(cfg.env))
+    args = ["-m", str(model), "-f", f.name, "-c", str(ctx), "-n", str(n_predict), *NIAH_FLAGS, "-t", str(threads),
+            "-fa", "on", *LOG_FLAGS, *cfg.flags, *extra]  # fmt: skip
     try:
-        p = subprocess.run(args, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
+        run = run_tool("llama-completion", args, log, env=cfg.env)
     finally:
         os.unlink(f.name)
-    log.write_text(f"$ {' '.join(args)}\n--- stdout ---\n{p.stdout}\n--- stderr ---\n{p.stderr}")
-    return p.returncode, p.stdout, p.stderr
+    return run.rc, run.stdout, run.stderr
 
 
 def run_grid(
@@ -254,21 +243,20 @@ def run_grid(
     for name, frac in positions.items():
         prompts[name] = build_prompt(count, haystack, prompt_budget, needle, frac, style)
         p = prompts[name]
-        print(f"[niah] prompt '{name}': {p.tokens} tokens, needle at token {p.needle_token} ({p.depth:.2f})",
-              file=sys.stderr)  # fmt: skip
+        progress(f"[niah] prompt '{name}': {p.tokens} tokens, needle at token {p.needle_token} ({p.depth:.2f})")
     results: list[NiahResult] = []
     total = len(configs) * len(prompts)
     for ci, cfg in enumerate(configs):
         for pi, (name, prompt) in enumerate(prompts.items()):
             k = ci * len(prompts) + pi + 1
-            print(f"[niah {k}/{total}] {cfg.name} @ {name} ...", end="", file=sys.stderr, flush=True)
-            log = logs / f"{cfg.name.replace('/', '_').replace('@', '_')}_{name}.log"
+            progress(f"[niah {k}/{total}] {cfg.name} @ {name} ...", end="")
+            log = logs / f"{cfg.slug}_{name}.log"
             t0 = time.monotonic()
             rc, out, err = run_completion(model, prompt, cfg, ctx, n_gen, threads, extra_args or [], log)
             gen = generated_only(out, prompt.text)
             body, unfinished = strip_think(gen)
             if unfinished and not think:  # a thinking model: give it room, then judge the answer after </think>
-                print(" <think> seen, rerunning with a larger -n ...", end="", file=sys.stderr, flush=True)
+                progress(" <think> seen, rerunning with a larger -n ...", end="")
                 rc, out, err = run_completion(model, prompt, cfg, ctx + THINK_TOKENS, THINK_TOKENS, threads,
                                               extra_args or [], log)  # fmt: skip
                 body, unfinished = strip_think(generated_only(out, prompt.text))
@@ -279,13 +267,11 @@ def run_grid(
                 r.error = f"llama-completion rc={rc}: {err.strip().splitlines()[-1] if err.strip() else ''}"
             elif unfinished:
                 r.error = "the <think> block did not finish"
-            if eviction_requested(extra_args or [], {**os.environ, **dict(cfg.env)}):
-                r.evictions = len(EVICT_LINE.findall(err))
-                if r.evictions == 0 and rc == 0:
-                    r.ok = False
-                    r.error = "INVALID: eviction was enabled but the log has no 'triatt: evict:' line"
+            r.evictions, invalid = eviction_check(err, rc)
+            if invalid:
+                r.ok, r.error = False, invalid
             results.append(r)
-            print(f" {status} ({r.wall_s:.0f}s) said: {r.said[:60]!r}", file=sys.stderr)
+            progress(f" {status} ({r.wall_s:.0f}s) said: {r.said[:60]!r}")
     return results
 
 
@@ -350,10 +336,10 @@ def parse_positions(spec: str) -> dict[str, float]:
             f = float(item)
         except ValueError:
             known = ", ".join(POSITIONS)
-            raise ValueError(f"unknown position '{item}' (use {known} or a fraction in [0, 1])") from None
+            raise UsageError(f"unknown position '{item}' (use {known} or a fraction in [0, 1])") from None
         if not 0.0 <= f <= 1.0:
-            raise ValueError(f"position {f} is outside [0, 1]")
+            raise UsageError(f"position {f} is outside [0, 1]")
         out[item] = f
     if not out:
-        raise ValueError("no needle positions given")
+        raise UsageError("no needle positions given")
     return out

@@ -11,65 +11,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 import tempfile
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# bits per value of each cache type (block bytes * 8 / block values)
-BITS = {"f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0, "q4_0": 4.5,
-        "iq4_nl": 4.5, "tq4": 4.25, "tq3": 3.25}  # fmt: skip
-
-
-class ProtocolError(ValueError):
-    """A run that would not meet the measurement protocol."""
-
-
-# "@option" suffixes of a config: the environment they set for llama.cpp
-_OPTIONS = {
-    "rot": ("LLAMA_TQ_ATTN_ROT", "1"),  # upstream's Hadamard attention rotation also on TQ K and V
-    "rotk": ("LLAMA_TQ_ATTN_ROT", "k"),  # ... on TQ K only
-    "rotv": ("LLAMA_TQ_ATTN_ROT", "v"),  # ... on TQ V only
-    "tqnorot": ("LLAMA_TQ_ATTN_ROT", "0"),  # ... on neither
-    "norot": ("LLAMA_ATTN_ROT_DISABLE", "1"),  # upstream's rotation off for every type
-}
-
-
-@dataclass(frozen=True)
-class KvConfig:
-    k: str
-    v: str
-    env: tuple[tuple[str, str], ...] = ()  # extra environment from "@option" suffixes, e.g. "tq4/tq4@rot"
-
-    @classmethod
-    def parse(cls, spec: str) -> KvConfig:
-        spec = spec.strip()
-        base, _, opts = spec.partition("@")
-        k, _, v = base.partition("/")
-        v = v or k
-        for t in (k, v):
-            if t not in BITS:
-                raise ValueError(f"unknown cache type '{t}' in '{spec}' (known: {', '.join(BITS)})")
-        env: list[tuple[str, str]] = []
-        for o in filter(None, opts.split("+")):
-            if o not in _OPTIONS:
-                raise ValueError(f"unknown option '@{o}' in '{spec}' (known: {', '.join('@' + k for k in _OPTIONS)})")
-            env.append(_OPTIONS[o])
-        return cls(k, v, tuple(env))
-
-    @property
-    def name(self) -> str:
-        opts = "+".join(next(k for k, val in _OPTIONS.items() if val == e) for e in self.env)
-        return f"{self.k}/{self.v}" + (f"@{opts}" if opts else "")
-
-    @property
-    def bits(self) -> float:
-        return (BITS[self.k] + BITS[self.v]) / 2
+from ..cachetypes import is_tq
+from ..errors import ProtocolError, RunError
+from .common import LOG_FLAGS, MIN_CHUNKS, PPL_BATCH, KvConfig, eviction_check, progress, run_tool
 
 
 @dataclass
@@ -117,58 +67,15 @@ def parse_perplexity_log(log: str) -> dict[str, float]:
     return out
 
 
-EVICT_LINE = re.compile(r"triatt: evict: evicted ")  # anywhere: -lv 4 prefixes a timestamp
-
-
-def eviction_requested(args: list[str], env: dict[str, str] | None = None) -> bool:
-    """Whether llama.cpp arguments (or the TRIATT_BUDGET fallback) turn eviction on: a budget > 0."""
-    env = dict(os.environ) if env is None else env
-    budget = env.get("TRIATT_BUDGET", "0")
-    for i, a in enumerate(args):
-        if a == "--triatt-budget" and i + 1 < len(args):
-            budget = args[i + 1]
-        elif a.startswith("--triatt-budget="):
-            budget = a.split("=", 1)[1]
-    try:
-        return int(budget) > 0
-    except ValueError:
-        return True  # let llama.cpp reject it, and the run count as one that should have evicted
-
-
-def _progress(line: str, label: str, n_chunks: int) -> None:
+def _chunk_progress(label: str, n_chunks: int) -> Callable[[str], None]:
     """Normal mode prints `[n]ppl,` per chunk; KLD mode prints a table row per chunk starting with n."""
-    m = re.findall(r"\[(\d+)\]", line) or re.findall(r"^\s*(\d+)\s+[0-9.]+\s+±", line)
-    if m:
-        print(f"\r  {label}: chunk {m[-1]}/{n_chunks}", end="", file=sys.stderr, flush=True)
 
+    def show(piece: str) -> None:
+        m = re.findall(r"\[(\d+)\]", piece) or re.findall(r"^\s*(\d+)\s+[0-9.]+\s+±", piece)
+        if m:
+            progress(f"\r  {label}: chunk {m[-1]}/{n_chunks}", end="")
 
-def run_perplexity(
-    exe: str, args: list[str], env_extra: tuple[tuple[str, str], ...], label: str, n_chunks: int, log_path: Path
-) -> tuple[int, str, float]:
-    env = dict(os.environ)
-    env.update(dict(env_extra))
-    t0 = time.monotonic()
-    lines: list[str] = []
-    with subprocess.Popen(
-        [exe, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
-    ) as proc:
-        assert proc.stdout is not None
-        buf = ""
-        while True:
-            ch = proc.stdout.read(1)
-            if not ch:
-                break
-            buf += ch
-            if ch in "\n,":  # chunk values arrive comma-separated on one line
-                lines.append(buf)
-                _progress(buf, label, n_chunks)
-                buf = ""
-        lines.append(buf)
-        rc = proc.wait()
-    print(file=sys.stderr)
-    log = "".join(lines)
-    log_path.write_text(log)
-    return rc, log, time.monotonic() - t0
+    return show
 
 
 def run_matrix(
@@ -184,47 +91,43 @@ def run_matrix(
     evict_args: list[str] | None = None,
 ) -> list[RunResult]:
     """extra_args go to every run; evict_args (eviction settings) to every config but not to the f16 base."""
-    if chunks < 3 and not allow_noisy:
+    if chunks < MIN_CHUNKS and not allow_noisy:
         raise ProtocolError(
-            f"{chunks} chunks is below the protocol's minimum of 3 (pass --allow-noisy to run it anyway)"
+            f"{chunks} chunks is below the protocol's minimum of {MIN_CHUNKS} (pass --allow-noisy to run it anyway)"
         )
-    exe = shutil.which("llama-perplexity")
-    if not exe:
-        raise FileNotFoundError("llama-perplexity is not on PATH (pip install llama-tq)")
+    if not text.is_file():
+        raise ProtocolError(f"no such text file: {text}")
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="llama-tq-ppl-"))
     logs = out_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    common = ["-m", str(model), "-c", str(ctx), "-b", "512", "--chunks", str(chunks), "-t", str(threads),
-              "-fa", "on", "-lv", "4", *(extra_args or [])]  # fmt: skip
+    common = ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(PPL_BATCH), "--chunks", str(chunks),
+              "-t", str(threads), "-fa", "on", *LOG_FLAGS, *(extra_args or [])]  # fmt: skip
     results: list[RunResult] = []
-    with tempfile.TemporaryDirectory(prefix="llama-tq-kld-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="llama-tq-kld-") as tmp:  # the KLD base can be many GB
         base_file = Path(tmp) / "f16.kld"
         base = KvConfig("f16", "f16")
-        print(f"[base] f16/f16 -> KLD base ({chunks} chunks of {ctx})", file=sys.stderr)
-        rc, log, wall = run_perplexity(
-            exe, [*common, "-f", str(text), "-ctk", "f16", "-ctv", "f16", "--kl-divergence-base", str(base_file)],
-            (), "f16/f16 base", chunks, logs / "f16_f16_base.log",
-        )  # fmt: skip
-        r = _result(base, rc, log, wall, chunks, False)
+        progress(f"[base] f16/f16 -> KLD base ({chunks} chunks of {ctx})")
+        run = run_tool("llama-perplexity", [*common, *base.flags, "--kl-divergence-base", str(base_file)],
+                       logs / "f16_f16_base.log", on_output=_chunk_progress("f16/f16 base", chunks))  # fmt: skip
+        progress("")
+        r = _result(base, run.rc, run.log, run.wall_s, chunks)
         r.kld, r.kld_p99, r.same_top_p = 0.0, 0.0, 100.0
         results.append(r)
-        if rc != 0:
-            raise RuntimeError(f"the f16 base run failed (rc {rc}); log: {logs / 'f16_f16_base.log'}")
+        if run.rc != 0:
+            raise RunError(f"the f16 base run failed (rc {run.rc}); log: {logs / 'f16_f16_base.log'}")
         for i, cfg in enumerate(configs, 1):
-            print(f"[{i}/{len(configs)}] {cfg.name}", file=sys.stderr)
-            rc, log, wall = run_perplexity(
-                exe, [*common, *(evict_args or []), "-ctk", cfg.k, "-ctv", cfg.v, "--kl-divergence-base",
-                      str(base_file), "--kl-divergence"],
-                cfg.env, cfg.name, chunks, logs / f"{cfg.name.replace('/', '_').replace('@', '_')}.log",
-            )  # fmt: skip
-            env = {**os.environ, **dict(cfg.env)}
-            results.append(_result(cfg, rc, log, wall, chunks, eviction_requested(evict_args or [], env)))
+            progress(f"[{i}/{len(configs)}] {cfg.name}")
+            args = [*common, *(evict_args or []), *cfg.flags, "--kl-divergence-base", str(base_file),
+                    "--kl-divergence"]  # fmt: skip
+            run = run_tool("llama-perplexity", args, logs / f"{cfg.slug}.log", env=cfg.env,
+                           on_output=_chunk_progress(cfg.name, chunks))  # fmt: skip
+            progress("")
+            results.append(_result(cfg, run.rc, run.log, run.wall_s, chunks))
     return results
 
 
-def _result(cfg: KvConfig, rc: int, log: str, wall: float, chunks: int, evict: bool) -> RunResult:
+def _result(cfg: KvConfig, rc: int, log: str, wall: float, chunks: int) -> RunResult:
     p = parse_perplexity_log(log)
-    r = RunResult(cfg.name, cfg.bits, wall_s=round(wall, 1), chunks=chunks, noisy=chunks < 3)
+    r = RunResult(cfg.name, cfg.bits, wall_s=round(wall, 1), chunks=chunks, noisy=chunks < MIN_CHUNKS)
     r.ppl = p.get("mean_ppl_q", p.get("final_ppl"))
     r.ppl_err = p.get("mean_ppl_q_err", p.get("final_ppl_err"))
     r.kld, r.kld_err, r.kld_p99 = p.get("kld"), p.get("kld_err"), p.get("kld_p99")
@@ -232,11 +135,9 @@ def _result(cfg: KvConfig, rc: int, log: str, wall: float, chunks: int, evict: b
     r.ok = rc == 0 and r.ppl is not None
     if not r.ok:
         r.error = f"rc={rc}" + ("" if r.ppl is not None else ", no Final estimate / Mean PPL(Q) line")
-    if evict:
-        r.evictions = len(EVICT_LINE.findall(log))
-        if r.ok and r.evictions == 0:
-            r.ok = False
-            r.error = "INVALID: eviction was enabled but the log has no 'triatt: evict:' line"
+    r.evictions, invalid = eviction_check(log, rc)
+    if r.ok and invalid:
+        r.ok, r.error = False, invalid
     return r
 
 
@@ -283,7 +184,7 @@ def plot_kld_vs_bits(results: list[RunResult], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results[1:]:
         if r.ok and r.kld is not None:
-            tq = "tq" in r.config
+            tq = any(is_tq(t) for t in r.config.split("@")[0].split("/"))
             ax.scatter(r.bits, r.kld, color="tab:red" if tq else "tab:blue", zorder=3)
             ax.annotate(r.config, (r.bits, r.kld), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("bits per value (mean of K and V)")
