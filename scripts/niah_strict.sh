@@ -20,4 +20,4 @@ args=()
 [[ ${REQUIRE_PASS:-0} == 1 ]] && args+=(--require-pass)
 
 exec llama-tq niah "${args[@]}" --kv "${KV// /,}" --ctx "${CTX:-1024}" --positions "${POSITIONS:-start,middle,end}" \
-    --threads "${THREADS:-2}" --extra "${EXTRA:-}" --out "${OUT:-out/niah_strict}"
+    --threads "${THREADS:-2}" --extra="${EXTRA:-}" --out "${OUT:-out/niah_strict}"

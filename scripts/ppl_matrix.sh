@@ -19,4 +19,4 @@ model=()
 [[ -n $MODEL ]] && model=(--model "$MODEL") # default: the PyPI Gemma 3 270M
 
 exec llama-tq ppl "${model[@]}" --text "$TEXT" --kv "${KV// /,}" --ctx "${CTX:-2048}" --chunks "${CHUNKS:-16}" \
-    --threads "${THREADS:-2}" --evict "${EVICT:-}" --extra "${EXTRA:-}" --out "${OUT:-out/ppl_matrix}"
+    --threads "${THREADS:-2}" --evict="${EVICT:-}" --extra="${EXTRA:-}" --out "${OUT:-out/ppl_matrix}"

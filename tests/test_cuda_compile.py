@@ -26,8 +26,10 @@ from llama_tq.tooling import base, patcher
 REPO = Path(__file__).resolve().parents[1]
 CUDA_SRC = "csrc/llama.cpp/ggml/src/ggml-cuda/tq"  # our CUDA sources, at their place in the tree
 NVCC = shutil.which("nvcc")
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA sources cannot be compile-checked")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA sources cannot be compile-checked"),
+]
 
 FLAGS = ["-O2", "-std=c++17", "-arch=sm_90", "-use_fast_math", "-extended-lambda", "-DGGML_USE_CUDA"]
 
@@ -38,9 +40,19 @@ def cublas_headers() -> Path:
         return inc
     wheels = base.cache_dir() / "cublas-wheel"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
-         "nvidia-cublas>=13,<14"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(wheels),
+            "nvidia-cublas>=13,<14",
+        ],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         pytest.skip(f"cuBLAS headers unavailable (pip download nvidia-cublas failed): {proc.stderr[-300:]}")
@@ -73,14 +85,26 @@ def nvcc(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     cuda = patched / "ggml" / "src" / "ggml-cuda"
-    inc = [f"-I{p}" for p in (patched / "ggml/include", patched / "ggml/src", cuda, cuda / "tq",
-                              patched / "ggml/src/tq", cublas_headers())]
+    inc = [
+        f"-I{p}"
+        for p in (
+            patched / "ggml/include",
+            patched / "ggml/src",
+            cuda,
+            cuda / "tq",
+            patched / "ggml/src/tq",
+            cublas_headers(),
+        )
+    ]
     ours = sorted((cuda / "tq").glob("*.cu"))
     assert {p.name for p in ours} == {p.name for p in (REPO / CUDA_SRC).glob("*.cu")}
-    jobs = [([*inc, "-Werror", "all-warnings", "-c", str(p), "-o", str(tmp_path / f"{p.stem}.o")], p.name)
-            for p in ours]
-    jobs += [([*inc, "-c", str(cuda / f"{n}.cu"), "-o", str(tmp_path / f"{n}.o")], f"{n}.cu (patched)")
-             for n in ("convert", "ggml-cuda")]
+    jobs = [
+        ([*inc, "-Werror", "all-warnings", "-c", str(p), "-o", str(tmp_path / f"{p.stem}.o")], p.name) for p in ours
+    ]
+    jobs += [
+        ([*inc, "-c", str(cuda / f"{n}.cu"), "-o", str(tmp_path / f"{n}.o")], f"{n}.cu (patched)")
+        for n in ("convert", "ggml-cuda")
+    ]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(lambda j: (j[1], nvcc(j[0], cuda)), jobs))
     failed = {name: proc.stderr[-2000:] for name, proc in results if proc.returncode != 0}
@@ -89,10 +113,21 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
 
 def test_exactness_test_builds(tmp_path: Path) -> None:
     codec = tmp_path / "tq_codec.o"
-    subprocess.run(["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o",
-                    str(codec)], check=True)
+    subprocess.run(
+        ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],
+        check=True,
+    )
     exe = tmp_path / "tq_quant_exact"
-    proc = nvcc(["-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / CUDA_SRC),
-                 str(REPO / "tests/cuda/tq_quant_exact.cu"), str(codec), "-o", str(exe)], tmp_path)
+    proc = nvcc(
+        [
+            "-I" + str(REPO / "csrc/codec"),
+            "-I" + str(REPO / CUDA_SRC),
+            str(REPO / "tests/cuda/tq_quant_exact.cu"),
+            str(codec),
+            "-o",
+            str(exe),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert exe.stat().st_size > 0

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from llama_tq.cachetypes import cache_type
 from llama_tq.harness.demo import default_text
 from llama_tq.models import default_model
 from llama_tq.synth import write_synth_model
 
 pytestmark = pytest.mark.e2e
-
-# bytes per 256-value head row (K or V) of Gemma 3 270M, per cache type
-ROW_BYTES = {"f16": 512, "q8_0": 272, "q4_0": 144, "tq4": 136, "tq3": 104}
 
 
 def run(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess[str]:
@@ -65,7 +63,9 @@ def test_perplexity_with_tq_cache(kind: str, wiki_head: Path) -> None:
     sizes = re.findall(pat, log)
     assert len(sizes) == 2, log[-3000:]
     for cells, layers, tk, k_mib, tv, v_mib in sizes:
-        want = f"{int(cells) * int(layers) * ROW_BYTES[kind] / 2**20:.2f}"
+        row = cache_type(kind).row_bytes(256)  # a 256-value head row of Gemma 3 270M: tq3 104 B, tq4 136 B
+        assert row is not None
+        want = f"{int(cells) * int(layers) * row / 2**20:.2f}"
         assert (tk, k_mib, tv, v_mib) == (kind, want, kind, want)
 
 

@@ -36,12 +36,18 @@ triatt_rope make_rope(int head_dim, int n_rot, bool neox, float freq_base, float
 
 PYBIND11_MODULE(_triatt, m) {
     m.doc() = "TriAttention V3 eviction engine (csrc/triatt/triatt.c)";
+    static const triatt_config D = [] {  // the defaults' one definition: triatt_config_default
+        triatt_config c;
+        triatt_config_default(&c);
+        return c;
+    }();
 
     m.def("check", [](int budget, int hybrid, int prefix, int window, int segments, int divide, int warmup,
                       int boundary_skip) {
         make_config(budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip);
-    }, py::arg("budget"), py::arg("hybrid") = 2, py::arg("prefix") = 128, py::arg("window") = 128,
-       py::arg("segments") = 8, py::arg("divide") = 128, py::arg("warmup") = 1024, py::arg("boundary_skip") = 0,
+    }, py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix, py::arg("window") = D.window,
+       py::arg("segments") = D.segments, py::arg("divide") = D.divide, py::arg("warmup") = D.warmup,
+       py::arg("boundary_skip") = D.boundary_skip,
        "Raise ValueError with llama.cpp's message if the settings are invalid.");
 
     m.def("select", [](const i32 & pos, const f32 & score, int budget, int hybrid, int prefix, int window,
@@ -49,14 +55,15 @@ PYBIND11_MODULE(_triatt, m) {
         if (pos.ndim() != 1 || score.ndim() != 1 || pos.size() != score.size()) {
             throw py::value_error("pos and score must be 1-D arrays of the same length");
         }
-        const triatt_config c = make_config(budget, hybrid, prefix, window, segments, 128, 1024, 0);
+        const triatt_config c = make_config(budget, hybrid, prefix, window, segments, D.divide, D.warmup,
+                                            D.boundary_skip);
         py::array_t<uint8_t> keep(pos.size());
         if (triatt_select(&c, (int32_t) pos.size(), pos.data(), score.data(), keep.mutable_data()) < 0) {
             throw std::bad_alloc();
         }
         return keep.attr("astype")("bool");
-    }, py::arg("pos"), py::arg("score"), py::arg("budget"), py::arg("hybrid") = 2, py::arg("prefix") = 128,
-       py::arg("window") = 128, py::arg("segments") = 8, "Boolean keep mask for one sequence's cells.");
+    }, py::arg("pos"), py::arg("score"), py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix,
+       py::arg("window") = D.window, py::arg("segments") = D.segments, "Boolean keep mask for one sequence's cells.");
 
     m.def("calibrate", [](const f32 & q, const i32 & pos, int n_rot, bool neox, float freq_base, float freq_scale) {
         if (q.ndim() != 2 || pos.ndim() != 1 || pos.shape(0) != q.shape(0)) {

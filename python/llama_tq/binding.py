@@ -93,17 +93,6 @@ def triatt_default_params() -> dict[str, int]:
     return {name: int(getattr(p, name)) for name, _ in TriattParams._fields_}
 
 
-def _libllama() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(lib_dir() / "libllama.so"))  # the same handle llama_cpp loaded
-    lib.llama_triatt_configure.argtypes = [ctypes.c_void_p, *([ctypes.c_int32] * 8), ctypes.c_char_p, ctypes.c_size_t]
-    lib.llama_triatt_configure.restype = ctypes.c_int32
-    lib.llama_triatt_n_rounds.argtypes = [ctypes.c_void_p]
-    lib.llama_triatt_n_rounds.restype = ctypes.c_int32
-    lib.llama_triatt_n_evicted.argtypes = [ctypes.c_void_p]
-    lib.llama_triatt_n_evicted.restype = ctypes.c_int64
-    return lib
-
-
 def _ctx_ptr(llm_or_ctx: object) -> int:
     """The llama_context pointer of a llama_cpp.Llama (or a raw context pointer)."""
     ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)

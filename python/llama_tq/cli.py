@@ -232,10 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", default="q4_0/q4_0", help="config the KLD ratios are relative to")
     p.add_argument("--allow-noisy", action="store_true", help="allow fewer than 3 chunks (results are labelled)")
     p.add_argument("--out", type=Path, default=Path("out/ppl"), help="output directory (default out/ppl)")
-    p.add_argument("--extra", default="", help="more llama-perplexity arguments for every run, e.g. '-ngl 99'")
+    p.add_argument("--extra", default="", help="more llama-perplexity arguments, with '=': --extra='-ngl 99'")
     p.add_argument(
-        "--evict", default="", help="eviction settings for every config (not the f16 base), e.g. "
-        "'--triatt-budget 1800 --triatt-hybrid 2'; a run whose log shows no eviction round is marked invalid",
+        "--evict", default="", help="eviction settings for every config (not the f16 base), with '=': "
+        "--evict='--triatt-budget 1800 --triatt-hybrid 2'; a run whose log shows no eviction round is marked invalid",
     )  # fmt: skip
     p.set_defaults(func=_cmd_ppl)
 
@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate (default 16)")
     p.add_argument("--think", action="store_true", help="a thinking model: allow 2048 tokens, judge after </think>")
     p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--extra", default="", help="more llama-completion arguments, e.g. eviction flags")
+    p.add_argument("--extra", default="", help="more llama-completion arguments: --extra='-ngl 99'")
     p.add_argument("--require-pass", action="store_true", help="exit 1 unless every run PASSes")
     p.add_argument("--out", type=Path, default=Path("out/niah"))
     p.set_defaults(func=_cmd_niah)
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--niah-ctx", type=int, default=16384, help="NIAH context in tokens (default 16384)")
     p.add_argument("--retention", default="90,75", help="V3 budgets as %% of --ctx (default 90,75)")
     p.add_argument("--niah-retention", type=int, default=90, help="V1/V3 budget as %% of --niah-ctx (default 90)")
-    p.add_argument("--flags", default="", help="more --triatt-* flags for every eviction run")
+    p.add_argument("--flags", default="", help="more --triatt-* flags, with '=': --flags='--triatt-window 256'")
     p.add_argument("--threads", "-t", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("out/v3"))
     p.set_defaults(func=_cmd_v3)
