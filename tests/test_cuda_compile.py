@@ -111,23 +111,19 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     assert not failed, failed
 
 
-def test_exactness_test_builds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["tests/cuda/tq_quant_exact.cu", "bench/cuda/fa_decode_bench.cu"])
+def test_standalone_gpu_programs_build(source: str, tmp_path: Path) -> None:
+    """The quantizer exactness test and the decode-kernel harness (run on the GPU by scripts/gpu/run_cuda.sh)."""
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],
         check=True,
     )
-    exe = tmp_path / "tq_quant_exact"
+    exe = tmp_path / Path(source).stem
     proc = nvcc(
-        [
-            "-I" + str(REPO / "csrc/codec"),
-            "-I" + str(REPO / CUDA_SRC),
-            str(REPO / "tests/cuda/tq_quant_exact.cu"),
-            str(codec),
-            "-o",
-            str(exe),
-        ],
+        ["-std=c++17", "-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / CUDA_SRC), str(REPO / source), str(codec),
+         "-o", str(exe)],
         tmp_path,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert exe.stat().st_size > 0

@@ -13,7 +13,7 @@ trap 'rm -rf "$work"' EXIT
 rm -rf "$out"
 mkdir -p "$out"
 
-"$py" -c 'import sys; from pathlib import Path; from llama_tq import base; base.extract_base(Path(sys.argv[1]))' "$work/llama.cpp"
+"$py" -c 'import sys; from pathlib import Path; from llama_tq.tooling import base; base.extract_base(Path(sys.argv[1]))' "$work/llama.cpp"
 "$py" -m llama_tq patch "$work/llama.cpp"
 
 # trim: docs, models, examples, servers and every backend but CPU/CUDA/BLAS stay behind

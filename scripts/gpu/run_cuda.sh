@@ -5,6 +5,7 @@
 #   exact  GPU quantizer vs the C codec, byte for byte, on 2^20 random blocks per type (tests/cuda)
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side
+#   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
@@ -19,7 +20,7 @@ ARCH=${CUDA_ARCH:-90}
 mkdir -p "$RES" "$W"
 bin="$W/build/bin"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build exact ops perf ppl bench ncu)
+[ ${#stages[@]} -eq 0 ] && stages=(build exact ops perf kernel ppl bench ncu)
 fail=0
 
 note() { printf '== %s\n' "$*" | tee -a "$RES/run.log"; }
@@ -66,6 +67,15 @@ stage_perf() {
     return "$rc"
 }
 
+stage_kernel() {
+    gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
+        bench/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench" || return 1
+    local mode=()
+    [ -n "${KERNEL_MODE:-}" ] && mode=("$KERNEL_MODE") # "perf": skip the correctness cases
+    "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'
+}
+
 stage_ppl() {
     local model="$W/model.gguf"
     if [ ! -f "$model" ]; then
@@ -95,7 +105,7 @@ stage_bench() {
 }
 
 stage_ncu() {
-    ncu --kernel-name regex:tq_fa_decode_kernel --launch-count 1 --section SpeedOfLight --section Occupancy \
+    ncu --kernel-name regex:'tq_fa_(decode|mma)_kernel' --launch-count 1 --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
         -p 'nh=8,nr23=\[4,4\],kv=32768,nb=1,.*type_K=tq3,type_V=tq3' > "$RES/ncu_tq3_decode.txt" 2>&1
     local rc=$?

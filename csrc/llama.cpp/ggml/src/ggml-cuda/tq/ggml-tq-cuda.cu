@@ -437,6 +437,7 @@ void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst,
     p.tpg = need <= TQ_FA_MAX_COLS ? p.n_q : std::max(1, TQ_FA_MAX_COLS / p.gqa);
     const int cols = p.tpg * p.gqa;
     C = cols <= 1 ? 1 : cols <= 2 ? 2 : cols <= 4 ? 4 : 8;
+    p.ncol = C;
     p.n_groups = (p.n_q + p.tpg - 1) / p.tpg;
 
     n_kvh = (int) K->ne[2];

@@ -1,0 +1,530 @@
+// FLASH_ATTN_EXT decode (a few query rows) with K and/or V stored as TQ3/TQ4, read straight from the cache: the
+// device code, free of ggml so that bench/cuda/fa_decode_bench.cu builds it standalone. SIMT kernel (any pair
+// with a TQ side) and the merge; the tensor-core kernel for TQ K with TQ V is tq-fattn-mma.cuh.
+//
+// Split-K ("flash decoding"): a CUDA block owns one KV head of one sequence, all of its GQA query heads (and up
+// to 8 query rows: C columns), and one chunk of the cache; a second kernel merges the chunks.
+//  - K: the query is rotated once per block (tq_rotate per 128 slice) and pre-scaled; each key is scored in
+//    the rotated domain straight from its codebook indices: s * sum_k m_k * sum_i c[idx_i] * q_rot_i.
+//    One thread per key, the query read from shared memory as a broadcast, so one decode serves C columns.
+//  - V: rows are never un-rotated: the block accumulates sum_t p_t * s_t * m_k * c[idx] in the rotated domain
+//    and the merge kernel applies the inverse rotation once per output row (the sum is linear).
+//  - TQ rows are staged through shared memory with coalesced 4-byte loads (rows are 4-byte aligned: 52/68 B
+//    per block); f16/q8_0 rows, the other side of a mixed pair, are read directly.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "tq-cuda-codec.cuh"
+
+enum tq_fa_kind { TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3 };
+
+static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) { return kind == TQFA_TQ3 || kind == TQFA_TQ4; }
+// 32-bit words of one 128-value TQ block.
+static __host__ __device__ constexpr int tq_fa_block_words(int kind) { return kind == TQFA_TQ3 ? TQ3_BLOCK_WORDS : TQ4_BLOCK_WORDS; }
+
+#define TQ_FA_THREADS 128
+#define TQ_FA_TILE    128
+#define TQ_FA_MAX_COLS 8
+
+struct tq_fa_params {
+    const char * Q;
+    const char * K;
+    const char * V;
+    const char * mask;
+    float * part;   // [n_chunks][n_cols_total][D]  un-normalized partial outputs
+    float2 * ml;    // [n_chunks][n_cols_total]     (running max, sum of exp)
+    int64_t nb01, nb02, nb03;
+    int64_t nb11, nb12, nb13;
+    int64_t nb21, nb22, nb23;
+    int64_t nb31, nb32, nb33;
+    int ne32, ne33;
+    int n_kv, n_q, gqa, n_head, rk3, rv3;
+    int chunk_keys, n_groups, tpg, n_cols_total;
+    int ncol; // columns per block in the partial-output layout (the decode kernels' C: 1, 2, 4 or 8)
+    float scale, softcap, m0, m1, max_bias;
+    int n_head_log2;
+    tq_cu_tables tab;
+};
+
+static __device__ __forceinline__ float tq_fa_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+static __device__ __forceinline__ float tq_fa_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float tq_fa_alibi(const tq_fa_params & p, int h) {
+    if (p.max_bias <= 0.0f) {
+        return 1.0f;
+    }
+    return h < p.n_head_log2 ? powf(p.m0, (float) (h + 1)) : powf(p.m1, (float) (2 * (h - p.n_head_log2) + 1));
+}
+
+// acc[c] += v * q[c] for the C columns of one coordinate (q: C consecutive floats in shared memory).
+template <int C>
+static __device__ __forceinline__ void tq_fa_fma_q(float * acc, float v, const float * q) {
+    if constexpr (C % 4 == 0) {
+#pragma unroll
+        for (int c = 0; c < C; c += 4) {
+            const float4 q4 = *reinterpret_cast<const float4 *>(q + c);
+            acc[c + 0] += v * q4.x;
+            acc[c + 1] += v * q4.y;
+            acc[c + 2] += v * q4.z;
+            acc[c + 3] += v * q4.w;
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            acc[c] += v * q[c];
+        }
+    }
+}
+
+// The score of one key for the C columns. TQ rows come from shared memory (krow), others from global (kg).
+template <int D, int C, int TK>
+static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * krow, const char * kg,
+                                                   const float * qs, const float * cb) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        sc[c] = 0.0f;
+    }
+    if constexpr (tq_fa_is_tq(TK)) {
+        constexpr int BW = tq_fa_block_words(TK);
+        const float * cent = TK == TQFA_TQ3 ? cb : cb + 8;
+#pragma unroll
+        for (int b = 0; b < D / 128; ++b) {
+            const uint32_t * blk = krow + b * BW;
+            const uint32_t h = blk[0];
+            float bsum[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                bsum[c] = 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float a[C];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    a[c] = 0.0f;
+                }
+                const float * q = qs + (b * 128 + 32 * k) * C;
+                if constexpr (TK == TQFA_TQ3) {
+                    const uint32_t w[4] = {blk[1 + 3 * k], blk[2 + 3 * k], blk[3 + 3 * k], 0u};
+#pragma unroll
+                    for (int i = 0; i < 32; ++i) {
+                        const int bit = 3 * i, wi = bit >> 5, sh = bit & 31;
+                        const uint32_t bits = sh <= 29 ? (w[wi] >> sh) : __funnelshift_r(w[wi], w[wi + 1], sh);
+                        tq_fa_fma_q<C>(a, cent[bits & 7u], q + i * C);
+                    }
+                } else {
+                    const int nib = k >= 2 ? 4 : 0;
+#pragma unroll
+                    for (int wj = 0; wj < 8; ++wj) {
+                        const uint32_t w = blk[1 + 8 * (k & 1) + wj];
+#pragma unroll
+                        for (int n = 0; n < 4; ++n) {
+                            tq_fa_fma_q<C>(a, cent[(w >> (8 * n + nib)) & 15u], q + (4 * wj + n) * C);
+                        }
+                    }
+                }
+                const float m = cb[24 + ((h >> (16 + 4 * k)) & 15u)];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    bsum[c] += m * a[c];
+                }
+            }
+            const float s = tq_cu_bf16_to_fp32(h & 0xffffu);
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                sc[c] += s * bsum[c];
+            }
+        }
+    } else if constexpr (TK == TQFA_F16) {
+        const half2 * r = reinterpret_cast<const half2 *>(kg);
+#pragma unroll 8
+        for (int i = 0; i < D / 2; ++i) {
+            const float2 v = __half22float2(r[i]);
+            tq_fa_fma_q<C>(sc, v.x, qs + (2 * i) * C);
+            tq_fa_fma_q<C>(sc, v.y, qs + (2 * i + 1) * C);
+        }
+    } else { // q8_0: 34-byte blocks {half d; int8 qs[32]}, 2-byte aligned
+#pragma unroll
+        for (int blk = 0; blk < D / 32; ++blk) {
+            const uint16_t * r = reinterpret_cast<const uint16_t *>(kg + 34 * blk);
+            const float d = __half2float(__ushort_as_half(r[0]));
+            float a[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                a[c] = 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const uint16_t two = r[1 + i];
+                tq_fa_fma_q<C>(a, (float) (int8_t) (two & 0xffu), qs + (blk * 32 + 2 * i) * C);
+                tq_fa_fma_q<C>(a, (float) (int8_t) (two >> 8), qs + (blk * 32 + 2 * i + 1) * C);
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                sc[c] += d * a[c];
+            }
+        }
+    }
+}
+
+// acc[b][j][c] += w[c] * value(coordinate 128b + 4*lane + j) of one V row (rotated domain for TQ).
+template <int D, int C, int TV>
+static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[4][C], const float * pw, const uint32_t * vrow,
+                                                     const char * vg, const float * cb, int lane) {
+#pragma unroll
+    for (int b = 0; b < D / 128; ++b) {
+        float v[4];
+        float w[C];
+        if constexpr (tq_fa_is_tq(TV)) {
+            constexpr int BW = tq_fa_block_words(TV);
+            const uint32_t * blk = vrow + b * BW;
+            const uint32_t h = blk[0];
+            const float sm = tq_cu_bf16_to_fp32(h & 0xffffu) * cb[24 + ((h >> (16 + 4 * (lane >> 3))) & 15u)];
+            if constexpr (TV == TQFA_TQ3) {
+                const int bit = 12 * lane;
+                const uint32_t bits = __funnelshift_r(blk[1 + (bit >> 5)], blk[2 + (bit >> 5)], bit & 31);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    v[j] = cb[(bits >> (3 * j)) & 7u];
+                }
+            } else {
+                const uint32_t wd = blk[1 + (lane & 15)] >> (lane >= 16 ? 4 : 0);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    v[j] = cb[8 + ((wd >> (8 * j)) & 15u)];
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                w[c] = pw[c] * sm;
+            }
+        } else if constexpr (TV == TQFA_F16) {
+            const half2 * r = reinterpret_cast<const half2 *>(vg + 2 * (128 * b + 4 * lane));
+            const float2 a = __half22float2(r[0]);
+            const float2 bb = __half22float2(r[1]);
+            v[0] = a.x; v[1] = a.y; v[2] = bb.x; v[3] = bb.y;
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                w[c] = pw[c];
+            }
+        } else {
+            const int d0 = 128 * b + 4 * lane;
+            const char * blk = vg + 34 * (d0 >> 5);
+            const float d = __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t *>(blk)));
+            const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + (d0 & 31));
+            const uint16_t q01 = q[0], q23 = q[1];
+            v[0] = (float) (int8_t) (q01 & 0xffu); v[1] = (float) (int8_t) (q01 >> 8);
+            v[2] = (float) (int8_t) (q23 & 0xffu); v[3] = (float) (int8_t) (q23 >> 8);
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                w[c] = pw[c] * d;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                acc[b][j][c] += w[c] * v[j];
+            }
+        }
+    }
+}
+
+template <int D, int C, int TK, int TV>
+__global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa_params p) {
+    constexpr int NB = D / 128;
+    constexpr int KW = tq_fa_is_tq(TK) ? tq_fa_block_words(TK) * NB : 1;
+    constexpr int VW = tq_fa_is_tq(TV) ? tq_fa_block_words(TV) * NB : 1;
+
+    __shared__ __align__(16) float qs[D * C]; // the query; at the end the block's partial output
+    __shared__ uint32_t kt[tq_fa_is_tq(TK) ? TQ_FA_TILE * KW + 1 : 1];
+    __shared__ uint32_t vt[tq_fa_is_tq(TV) ? TQ_FA_TILE * VW + 1 : 1]; // +1: the tq3 V decode of the last row reads one word past it
+    __shared__ __align__(16) float ps[TQ_FA_TILE * C];
+    __shared__ float cb[40]; // tq3 centroids, tq4 centroids, sub-block multipliers
+    __shared__ float red[4 * C];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
+
+    if (tid < 8) {
+        cb[tid] = p.tab.cent3[tid];
+    }
+    if (tid < 16) {
+        cb[8 + tid]  = p.tab.cent4[tid];
+        cb[24 + tid] = p.tab.sub[tid];
+    }
+
+    int tok[C], head[C];
+    bool ok[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        tok[c]  = grp * p.tpg + c / p.gqa;
+        head[c] = kvh * p.gqa + c % p.gqa;
+        ok[c]   = c < p.tpg * p.gqa && tok[c] < p.n_q;
+    }
+    for (int i = tid; i < D * C; i += TQ_FA_THREADS) {
+        const int d = i / C, c = i % C;
+        const int t = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
+        const bool valid = c < p.tpg * p.gqa && t < p.n_q;
+        qs[i] = valid ? *reinterpret_cast<const float *>(p.Q + z * p.nb03 + h * p.nb02 + t * p.nb01 + 4 * d) * p.scale : 0.0f;
+    }
+    __syncthreads();
+    if constexpr (tq_fa_is_tq(TK)) { // q_rot = H D q / sqrt(128) per 128 slice, once per block
+        for (int pair = warp; pair < C * NB; pair += 4) {
+            const int c = pair % C, b = pair / C;
+            float v[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                v[r] = qs[(128 * b + lane + 32 * r) * C + c] * tq_cu_sign(p.tab, lane + 32 * r);
+            }
+            tq_cu_fwht_warp(v, lane);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                qs[(128 * b + lane + 32 * r) * C + c] = v[r] * TQ_WHT_NORM;
+            }
+        }
+        __syncthreads();
+    }
+
+    const char * Kb = p.K + kvh * p.nb12 + (z / p.rk3) * p.nb13;
+    const char * Vb = p.V + kvh * p.nb22 + (z / p.rv3) * p.nb23;
+    const char * mrow[C];
+    float slope[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        mrow[c]  = p.mask && ok[c] ? p.mask + tok[c] * p.nb31 + (head[c] % p.ne32) * p.nb32 + (z % p.ne33) * p.nb33 : nullptr;
+        slope[c] = tq_fa_alibi(p, head[c]);
+    }
+
+    const int k0 = blockIdx.x * p.chunk_keys;
+    const int k1 = min(p.n_kv, k0 + p.chunk_keys);
+
+    float M[C], L[C];
+    float acc[NB][4][C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        M[c] = -INFINITY;
+        L[c] = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc[b][j][c] = 0.0f;
+            }
+        }
+    }
+
+    for (int t0 = k0; t0 < k1; t0 += TQ_FA_TILE) {
+        const int nk = min(TQ_FA_TILE, k1 - t0);
+        if constexpr (tq_fa_is_tq(TK)) {
+            for (int w = tid; w < nk * KW; w += TQ_FA_THREADS) {
+                const int key = w / KW, o = w - key * KW;
+                kt[w] = *reinterpret_cast<const uint32_t *>(Kb + (int64_t) (t0 + key) * p.nb11 + 4 * o);
+            }
+        }
+        if constexpr (tq_fa_is_tq(TV)) {
+            for (int w = tid; w < nk * VW; w += TQ_FA_THREADS) {
+                const int key = w / VW, o = w - key * VW;
+                vt[w] = *reinterpret_cast<const uint32_t *>(Vb + (int64_t) (t0 + key) * p.nb21 + 4 * o);
+            }
+        }
+        __syncthreads();
+
+        float s[C];
+        if (tid < nk) {
+            tq_fa_score<D, C, TK>(s, kt + tid * KW, Kb + (int64_t) (t0 + tid) * p.nb11, qs, cb);
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                if (p.softcap != 0.0f) {
+                    s[c] = p.softcap * tanhf(s[c]);
+                }
+                if (mrow[c]) {
+                    s[c] += slope[c] * __half2float(reinterpret_cast<const half *>(mrow[c])[t0 + tid]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                s[c] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const float mx = tq_fa_warp_max(s[c]);
+            if (lane == 0) {
+                red[warp * C + c] = mx;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const float tmax = fmaxf(fmaxf(red[c], red[C + c]), fmaxf(red[2 * C + c], red[3 * C + c]));
+            const float mn = fmaxf(M[c], tmax);
+            const float alpha = M[c] == -INFINITY ? 0.0f : __expf(M[c] - mn);
+            const float pr = s[c] == -INFINITY ? 0.0f : __expf(s[c] - mn);
+            ps[tid * C + c] = pr;
+            L[c] = L[c] * alpha + pr;
+            M[c] = mn;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    acc[b][j][c] *= alpha;
+                }
+            }
+        }
+        __syncthreads();
+
+        for (int t = warp; t < nk; t += 4) {
+            tq_fa_accum_v<D, C, TV>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+        }
+        __syncthreads();
+    }
+
+    // merge the 4 warps: sum of exp per column, partial outputs through shared memory (qs is free now)
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const float l = tq_fa_warp_sum(L[c]);
+        if (lane == 0) {
+            red[warp * C + c] = l;
+        }
+    }
+    for (int i = tid; i < D * C; i += TQ_FA_THREADS) {
+        qs[i] = 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                atomicAdd(&qs[(128 * b + 4 * lane + j) * C + c], acc[b][j][c]);
+            }
+        }
+    }
+    __syncthreads();
+    const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * C;
+    const int64_t base = (int64_t) blockIdx.x * p.n_cols_total + col0;
+    for (int i = tid; i < D * C; i += TQ_FA_THREADS) {
+        const int d = i / C, c = i % C;
+        p.part[(base + c) * D + d] = qs[i];
+    }
+    if (tid < C) {
+        const float l = red[tid] + red[C + tid] + red[2 * C + tid] + red[3 * C + tid];
+        p.ml[base + tid] = make_float2(M[tid], l);
+    }
+}
+
+// Merges the chunks of one column, un-rotates a TQ V result once, writes dst (f32 [DV, n_head, n_q, n_seq]).
+// 128 threads (the launch and the reductions assume it).
+template <int D, bool VROT>
+__global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, const float2 * ml, const float * sinks,
+                                                          char * dst, int64_t nb1, int64_t nb2, int64_t nb3,
+                                                          int n_chunks, int n_cols_total, int C, int n_groups,
+                                                          int n_kvh, int tpg, int gqa, int n_q, tq_cu_tables tab) {
+    __shared__ float out[D];
+    __shared__ float w[128]; // chunk weights exp(m_i - max), one slice of 128 chunks at a time
+    __shared__ float red[2][4];
+    const int col = blockIdx.x;
+    const int c = col % C, grp = (col / C) % n_groups, kvh = (col / (C * n_groups)) % n_kvh;
+    const int z = col / (C * n_groups * n_kvh);
+    const int tok = grp * tpg + c / gqa, head = kvh * gqa + c % gqa;
+    if (c >= tpg * gqa || tok >= n_q) {
+        return;
+    }
+    // max and sum of exp over the chunks, in parallel (a decode of one sequence can have hundreds of chunks)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float mx = -INFINITY;
+    for (int i = tid; i < n_chunks; i += 128) {
+        mx = fmaxf(mx, ml[(int64_t) i * n_cols_total + col].x);
+    }
+    mx = tq_fa_warp_max(mx);
+    if (lane == 0) {
+        red[0][warp] = mx;
+    }
+    __syncthreads();
+    mx = fmaxf(fmaxf(red[0][0], red[0][1]), fmaxf(red[0][2], red[0][3]));
+    if (sinks) {
+        mx = fmaxf(mx, sinks[head]);
+    }
+    float l = 0.0f;
+    for (int i = tid; i < n_chunks; i += 128) {
+        const float2 e = ml[(int64_t) i * n_cols_total + col];
+        l += e.x == -INFINITY ? 0.0f : e.y * __expf(e.x - mx);
+    }
+    l = tq_fa_warp_sum(l);
+    if (lane == 0) {
+        red[1][warp] = l;
+    }
+    __syncthreads();
+    l = red[1][0] + red[1][1] + red[1][2] + red[1][3];
+    if (sinks && mx != -INFINITY) {
+        l += __expf(sinks[head] - mx);
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float o[(D + 127) / 128];
+#pragma unroll
+    for (int j = 0; j < (D + 127) / 128; ++j) {
+        o[j] = 0.0f;
+    }
+    for (int i0 = 0; i0 < n_chunks; i0 += 128) {
+        const int n = min(128, n_chunks - i0);
+        __syncthreads();
+        if (tid < n) {
+            const float2 e = ml[(int64_t) (i0 + tid) * n_cols_total + col];
+            w[tid] = e.x == -INFINITY ? 0.0f : __expf(e.x - mx);
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int i = 0; i < n; ++i) {
+            const float * pr = part + ((int64_t) (i0 + i) * n_cols_total + col) * D;
+#pragma unroll
+            for (int j = 0; j < (D + 127) / 128; ++j) {
+                if (tid + 128 * j < D) {
+                    o[j] += pr[tid + 128 * j] * w[i];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < (D + 127) / 128; ++j) {
+        if (tid + 128 * j < D) {
+            out[tid + 128 * j] = o[j] * inv;
+        }
+    }
+    __syncthreads();
+    if constexpr (VROT) { // x = D H y / sqrt(128) per 128 slice
+        if (warp < D / 128) {
+            float v[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                v[r] = out[128 * warp + lane + 32 * r];
+            }
+            tq_cu_fwht_warp(v, lane);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                out[128 * warp + lane + 32 * r] = v[r] * (TQ_WHT_NORM * tq_cu_sign(tab, lane + 32 * r));
+            }
+        }
+        __syncthreads();
+    }
+    float * drow = reinterpret_cast<float *>(dst + head * nb1 + tok * nb2 + z * nb3);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        drow[d] = out[d];
+    }
+}
+

@@ -1,0 +1,490 @@
+// FLASH_ATTN_EXT decode with TQ K and TQ V on tensor cores (mma.sync m16n8k16, f16 in, f32 accumulate).
+//
+// Same split-K grid, parameters and partial-output layout as tq_fa_decode_kernel (tq-fattn-decode.cuh), so the
+// merge kernel is shared. The difference is where the arithmetic happens: each warp owns a 16-key tile, and
+//  - K: S = Q K^T as mma with A = the rotated query (rows = the block's <= 8 columns: GQA heads x query rows)
+//    and B = the key tile decoded straight from its indices into fragments. The dot product is a sum over
+//    coordinates, so each lane's fragment slots may hold any coordinates as long as the query uses the same
+//    ones: lane (g, t) decodes key g and exactly one sub-block (tq3: coordinates 32t..32t+31; tq4: the bytes
+//    16t..16t+15, i.e. coordinates 16t.. and 64+16t..), so one index field and one multiplier pair per key.
+//    A fragment value pair is one lookup in a (c[a], c[b]) pair table times the multiplier pair (HMUL2); the
+//    block scale multiplies the f32 score.
+//  - V: O^T = V^T P^T with A = the value tile (rows = coordinates, columns = keys) and B = P^T, which is the
+//    K step's accumulator layout as is (FlashAttention-2's register reuse). A m-tile never leaves one
+//    sub-block, so s * m of each key folds into B and A is pure codebook values: a pair-table lookup per two
+//    keys. Lane (g, t) holds the coordinates 32k + 4g .. 32k + 4g + 3 of each sub-block k: one index field.
+//  - Both tiles come through shared memory with 4-byte cp.async, two stages per warp; the pair tables are
+//    replicated across banks (tq3 32 copies, tq4 8) so that data-dependent lookups do not conflict.
+// The decode is ~2 instructions per value and the multiply-adds are the tensor cores', against ~8 per value
+// for the SIMT kernel (bench/results/cuda/NOTES.md).
+#pragma once
+
+#include "tq-fattn-decode.cuh"
+
+#define TQ_MMA_WARPS  4
+#define TQ_MMA_KEYS   16 // keys per warp tile
+#define TQ_MMA_STAGES 2
+#ifndef TQ_MMA_V_MOVM
+#define TQ_MMA_V_MOVM 0 // V fragments: 1 = decode like K and transpose with movmatrix; 0 = pair indices across keys
+#endif
+
+template <int T> struct tq_mma_lut_t {
+    static constexpr int ENTRIES = T == TQFA_TQ3 ? 64 : 256; // (a, b) index pairs
+    static constexpr int REP     = T == TQFA_TQ3 ? 32 : 8;   // copies, one per bank group
+    static constexpr int WORDS   = ENTRIES * REP;
+};
+
+static __device__ __forceinline__ uint32_t tq_mma_h2(float lo, float hi) {
+    const half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+static __device__ __forceinline__ uint32_t tq_mma_hmul2(uint32_t a, uint32_t b) {
+    half2 r = __hmul2(*reinterpret_cast<const half2 *>(&a), *reinterpret_cast<const half2 *>(&b));
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+
+static __device__ __forceinline__ void tq_mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                    uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void tq_mma_cp4(uint32_t * dst, const void * src) {
+    const uint32_t s = (uint32_t) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src));
+}
+static __device__ __forceinline__ void tq_mma_cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> static __device__ __forceinline__ void tq_mma_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// bits [sh, sh + 12) of the little-endian stream w[0], w[1], ...; sh is a compile-time constant after unrolling
+static __device__ __forceinline__ uint32_t tq_mma_bits(const uint32_t * w, int sh) {
+    const int wi = sh >> 5, o = sh & 31;
+    return o <= 20 ? w[wi] >> o : __funnelshift_r(w[wi], w[wi + 1], o);
+}
+
+static __device__ __forceinline__ uint32_t tq_mma_movt(uint32_t a) { // 8x8 b16 transpose across the warp
+    uint32_t d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+
+// One lane's share of a 128-value block row: the index field (tq3: sub-block t, 3 words; tq4: bytes 16t..16t+15,
+// 4 words) and the multiplier pair as half2 (tq3: m_t twice; tq4: m of coordinates 16t.. and of 64 + 16t..).
+template <int T> struct tq_mma_field {
+    uint32_t w[4];
+    uint32_t mm;
+};
+template <int T>
+static __device__ __forceinline__ tq_mma_field<T> tq_mma_load_field(const uint32_t * blk, int t, const float * sub) {
+    tq_mma_field<T> f;
+    const uint32_t h = blk[0];
+    if constexpr (T == TQFA_TQ3) {
+        const float m = sub[(h >> (16 + 4 * t)) & 15u];
+        f.mm = tq_mma_h2(m, m);
+        f.w[0] = blk[1 + 3 * t];
+        f.w[1] = blk[2 + 3 * t];
+        f.w[2] = blk[3 + 3 * t];
+        f.w[3] = 0u;
+    } else {
+        f.mm = tq_mma_h2(sub[(h >> (16 + 4 * (t >> 1))) & 15u], sub[(h >> (24 + 4 * (t >> 1))) & 15u]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f.w[i] = blk[1 + 4 * t + i];
+        }
+    }
+    return f;
+}
+// Pairs 2j and 2j + 1 of the lane's 16 value pairs, as half2 (m * c[a], m * c[b]): tq3 coordinates
+// 32t + 4j + {0,1} and + {2,3}; tq4 (16t + 2j, 64 + 16t + 2j) and (16t + 2j + 1, 64 + 16t + 2j + 1).
+template <int T, int REP>
+static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f, int j, const uint32_t * lut,
+                                                      uint32_t & p0, uint32_t & p1) {
+    if constexpr (T == TQFA_TQ3) {
+        const uint32_t x = tq_mma_bits(f.w, 12 * j);
+        p0 = tq_mma_hmul2(lut[(x & 63u) * REP], f.mm);
+        p1 = tq_mma_hmul2(lut[((x >> 6) & 63u) * REP], f.mm);
+    } else {
+        const uint32_t x = f.w[j >> 1] >> (16 * (j & 1));
+        p0 = tq_mma_hmul2(lut[(x & 255u) * REP], f.mm);
+        p1 = tq_mma_hmul2(lut[((x >> 8) & 255u) * REP], f.mm);
+    }
+}
+// The coordinate (within its 128 block) of value e (0: low half, 1: high) of pair n (0..15) of lane quad t.
+template <int T> static __device__ __forceinline__ int tq_mma_coord(int t, int n, int e) {
+    return T == TQFA_TQ3 ? 32 * t + 2 * n + e : (e ? 64 : 0) + 16 * t + n;
+}
+
+template <int D, int TK, int TV>
+__global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_fa_params p) {
+    static_assert(tq_fa_is_tq(TK) && tq_fa_is_tq(TV), "tensor-core path: TQ K and TQ V");
+    constexpr int NB  = D / 128;
+    constexpr int KBW = tq_fa_block_words(TK), VBW = tq_fa_block_words(TV);
+    constexpr int KW  = KBW * NB, VW = VBW * NB; // words per row
+    constexpr int TILE_WORDS = TQ_MMA_KEYS * (KW + VW);
+    using LK = tq_mma_lut_t<TK>;
+    using LV = tq_mma_lut_t<TV>;
+    constexpr bool SAME = TK == TV;
+    constexpr int OUT_WORDS = 8 * D;
+    constexpr int STAGE_WORDS = TQ_MMA_WARPS * TQ_MMA_STAGES * TILE_WORDS;
+
+    __shared__ __align__(16) uint32_t stage[STAGE_WORDS > OUT_WORDS ? STAGE_WORDS : OUT_WORDS];
+    __shared__ uint32_t lutk[LK::WORDS];
+    __shared__ uint32_t lutv[SAME ? 1 : LV::WORDS];
+    __shared__ float sub[16];
+    __shared__ float red[2][TQ_MMA_WARPS][8];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
+    const int C = p.tpg * p.gqa; // valid columns (<= 8)
+
+    // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
+    auto fill = [&](uint32_t * lut, int kind) {
+        using L3 = tq_mma_lut_t<TQFA_TQ3>;
+        using L4 = tq_mma_lut_t<TQFA_TQ4>;
+        const int ent = kind == TQFA_TQ3 ? L3::ENTRIES : L4::ENTRIES, rep = kind == TQFA_TQ3 ? L3::REP : L4::REP;
+        for (int i = tid; i < ent * rep; i += blockDim.x) {
+            const int e = i / rep;
+            lut[i] = kind == TQFA_TQ3 ? tq_mma_h2(p.tab.cent3[e & 7], p.tab.cent3[e >> 3])
+                                      : tq_mma_h2(p.tab.cent4[e & 15], p.tab.cent4[e >> 4]);
+        }
+    };
+    fill(lutk, TK);
+    if constexpr (!SAME) {
+        fill(lutv, TV);
+    }
+    if (tid < 16) {
+        sub[tid] = p.tab.sub[tid];
+    }
+
+    // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero)
+    uint32_t qa[NB][8][2];
+    {
+        float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
+        for (int i = tid; i < 8 * D; i += blockDim.x) {
+            const int c = i / D, d = i % D;
+            const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
+            const bool valid = c < C && tk < p.n_q;
+            qs[i] = valid ? *reinterpret_cast<const float *>(p.Q + z * p.nb03 + h * p.nb02 + tk * p.nb01 + 4 * d) * p.scale
+                          : 0.0f;
+        }
+        __syncthreads();
+        for (int r = warp; r < 8 * NB; r += TQ_MMA_WARPS) { // q_rot = H D q / sqrt(128) per 128 slice
+            float * q = qs + (r % 8) * D + 128 * (r / 8);
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                v[i] = q[lane + 32 * i] * tq_cu_sign(p.tab, lane + 32 * i);
+            }
+            tq_cu_fwht_warp(v, lane);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                q[lane + 32 * i] = v[i] * TQ_WHT_NORM;
+            }
+        }
+        __syncthreads();
+        const float * q = qs + g * D;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float * qb = q + 128 * b;
+                if constexpr (TK == TQFA_TQ3) {
+                    const int c0 = 32 * t + 4 * j;
+                    qa[b][j][0] = tq_mma_h2(qb[c0], qb[c0 + 1]);
+                    qa[b][j][1] = tq_mma_h2(qb[c0 + 2], qb[c0 + 3]);
+                } else {
+                    const int c0 = 16 * t + 2 * j;
+                    qa[b][j][0] = tq_mma_h2(qb[c0], qb[64 + c0]);
+                    qa[b][j][1] = tq_mma_h2(qb[c0 + 1], qb[64 + c0 + 1]);
+                }
+            }
+        }
+        __syncthreads(); // qs (the staging buffer) is reused below
+    }
+    const uint32_t * lk = lutk + (lane & (LK::REP - 1));
+    const uint32_t * lv = (SAME ? lutk : lutv) + (lane & (LV::REP - 1));
+
+    const int tok_g = grp * p.tpg + g / max(p.gqa, 1);
+    const int head_g = kvh * p.gqa + g % max(p.gqa, 1);
+    const bool ok_g = g < C && tok_g < p.n_q;
+    const half * mrow = p.mask && ok_g ? reinterpret_cast<const half *>(p.mask + tok_g * p.nb31 +
+                                                                         (head_g % p.ne32) * p.nb32 + (z % p.ne33) * p.nb33)
+                                       : nullptr;
+    const float slope = tq_fa_alibi(p, head_g);
+
+    const char * Kb = p.K + kvh * p.nb12 + (z / p.rk3) * p.nb13;
+    const char * Vb = p.V + kvh * p.nb22 + (z / p.rv3) * p.nb23;
+    const int k0 = blockIdx.x * p.chunk_keys;
+    const int k1 = min(p.n_kv, k0 + p.chunk_keys);
+    const int n_tiles = (k1 - k0 + TQ_MMA_KEYS - 1) / TQ_MMA_KEYS;
+
+    uint32_t * wst = stage + warp * TQ_MMA_STAGES * TILE_WORDS;
+    // Copy slots: word w = lane + 32 s of the tile's K rows then V rows (consecutive lanes, consecutive words:
+    // the fewest L1 wavefronts per instruction for 4-byte aligned rows). Offsets are fixed per lane.
+    constexpr int KS = (TQ_MMA_KEYS * KW + 31) / 32, VS = (TQ_MMA_KEYS * VW + 31) / 32;
+    int koff[KS], voff[VS];
+#pragma unroll
+    for (int s2 = 0; s2 < KS; ++s2) {
+        const int w = lane + 32 * s2, r = w / KW;
+        koff[s2] = r * (int) p.nb11 + 4 * (w - r * KW);
+    }
+#pragma unroll
+    for (int s2 = 0; s2 < VS; ++s2) {
+        const int w = lane + 32 * s2, r = w / VW;
+        voff[s2] = r * (int) p.nb21 + 4 * (w - r * VW);
+    }
+    auto load_tile = [&](int it, int st) { // tile it of this warp into stage st
+        const int t0 = k0 + (it * TQ_MMA_WARPS + warp) * TQ_MMA_KEYS;
+        const int nk = min(TQ_MMA_KEYS, k1 - t0); // <= 0: nothing to load
+        uint32_t * ks = wst + st * TILE_WORDS;
+        uint32_t * vs = ks + TQ_MMA_KEYS * KW;
+        const char * kt = Kb + (int64_t) t0 * p.nb11;
+        const char * vt = Vb + (int64_t) t0 * p.nb21;
+#pragma unroll
+        for (int s2 = 0; s2 < KS; ++s2) {
+            if (lane + 32 * s2 < nk * KW) {
+                tq_mma_cp4(ks + lane + 32 * s2, kt + koff[s2]);
+            }
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < VS; ++s2) {
+            if (lane + 32 * s2 < nk * VW) {
+                tq_mma_cp4(vs + lane + 32 * s2, vt + voff[s2]);
+            }
+        }
+        tq_mma_cp_commit();
+    };
+
+    float M = -INFINITY, L = 0.0f; // row g of this warp
+    float oacc[NB][8][4]; // O^T m-tiles: rows = coordinates (tq_mma_coord order), columns = the 8 rows of Q
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                oacc[b][i][r] = 0.0f;
+            }
+        }
+    }
+
+    const int n_it = (n_tiles + TQ_MMA_WARPS - 1) / TQ_MMA_WARPS;
+    load_tile(0, 0);
+    for (int it = 0; it < n_it; ++it) {
+        load_tile(it + 1, (it + 1) % TQ_MMA_STAGES);
+        tq_mma_cp_wait<1>();
+        __syncwarp();
+        { // every warp runs every iteration (a tile past the chunk has nk <= 0: scores -inf, weights 0), so the
+          // warp-collective instructions below never sit in divergent code
+            const int t0 = k0 + (it * TQ_MMA_WARPS + warp) * TQ_MMA_KEYS;
+            const int nk = min(TQ_MMA_KEYS, k1 - t0);
+            const uint32_t * ks = wst + (it % TQ_MMA_STAGES) * TILE_WORDS;
+            const uint32_t * vs = ks + TQ_MMA_KEYS * KW;
+
+            // ---- S = Q K^T: two n8 halves of the tile, one accumulator per 128-value block
+            float sc[2][2];
+#pragma unroll
+            for (int nh = 0; nh < 2; ++nh) {
+                const uint32_t * krow = ks + (8 * nh + g) * KW;
+                float s2[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const uint32_t * blk = krow + b * KBW;
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const tq_mma_field<TK> f = tq_mma_load_field<TK>(blk, t, sub);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        uint32_t b0, b1;
+                        tq_mma_decode2<TK, LK::REP>(f, j, lk, b0, b1);
+                        tq_mma_16816(acc, qa[b][j][0], 0u, qa[b][j][1], 0u, b0, b1);
+                    }
+                    // scales of the two keys whose scores this lane holds (keys 8nh + 2t, + 1)
+                    const float sa = tq_cu_bf16_to_fp32(ks[(8 * nh + 2 * t) * KW + b * KBW] & 0xffffu);
+                    const float sb = tq_cu_bf16_to_fp32(ks[(8 * nh + 2 * t + 1) * KW + b * KBW] & 0xffffu);
+                    s2[0] += sa * acc[0];
+                    s2[1] += sb * acc[1];
+                }
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int key = 8 * nh + 2 * t + i;
+                    float s = s2[i];
+                    if (p.softcap != 0.0f) {
+                        s = p.softcap * tanhf(s);
+                    }
+                    if (mrow) {
+                        s += slope * __half2float(mrow[min(t0 + key, k1 - 1)]);
+                    }
+                    sc[nh][i] = key < nk ? s : -INFINITY;
+                }
+            }
+
+            // ---- online softmax for row g (the 4 lanes of a quad share it)
+            float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(M, mx);
+            const float alpha = M == -INFINITY ? 0.0f : __expf(M - mn);
+            float pr[2][2];
+#pragma unroll
+            for (int nh = 0; nh < 2; ++nh) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    pr[nh][i] = sc[nh][i] == -INFINITY ? 0.0f : __expf(sc[nh][i] - mn);
+                }
+            }
+            L = L * alpha + (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
+            M = mn;
+            // O^T columns are the rows 2t, 2t + 1: their factors live in the quads of g = 2t, 2t + 1
+            const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+            const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    oacc[b][i][0] *= a0;
+                    oacc[b][i][1] *= a1;
+                    oacc[b][i][2] *= a0;
+                    oacc[b][i][3] *= a1;
+                }
+            }
+
+            // ---- O^T += V^T P^T. Lane (g, t) decodes rows g and g + 8 of the tile as the K step does (pairs of
+            // coordinates of one key: the 8x8 blocks of a tile with keys as rows); movmatrix transposes each block
+            // into the A layout (rows = coordinates, columns = keys). B = P^T is the K step's accumulator with the
+            // scale of each key folded in: this lane's keys are 2t, 2t + 1 (P from nh 0) and 2t + 8, 2t + 9.
+            const int keys[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+            const float pk[4] = {pr[0][0], pr[0][1], pr[1][0], pr[1][1]};
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                uint32_t hv[4];
+                float ps[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) { // an empty slot (past the chunk) is exactly 0 even if its stale scale is NaN
+                    hv[i] = vs[keys[i] * VW + b * VBW];
+                    ps[i] = keys[i] < nk ? pk[i] * tq_cu_bf16_to_fp32(hv[i] & 0xffffu) : 0.0f;
+                }
+                if constexpr (TQ_MMA_V_MOVM) {
+                    const uint32_t bf0 = tq_mma_h2(ps[0], ps[1]);
+                    const uint32_t bf1 = tq_mma_h2(ps[2], ps[3]);
+                    const tq_mma_field<TV> f0 = tq_mma_load_field<TV>(vs + g * VW + b * VBW, t, sub);
+                    const tq_mma_field<TV> f1 = tq_mma_load_field<TV>(vs + (g + 8) * VW + b * VBW, t, sub);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) { // m-tile i: rows 0-7 are pair 2i of each lane quad, 8-15 pair 2i + 1
+                        uint32_t v00, v01, v10, v11;
+                        tq_mma_decode2<TV, LV::REP>(f0, i, lv, v00, v01);
+                        tq_mma_decode2<TV, LV::REP>(f1, i, lv, v10, v11);
+                        tq_mma_16816(oacc[b][i], tq_mma_movt(v00), tq_mma_movt(v01), tq_mma_movt(v10),
+                                     tq_mma_movt(v11), bf0, bf1);
+                    }
+                } else { // m-tile 2k + hh: sub-block k, rows g + 8e = coordinates 32k + 4g + 2hh + e; s * m in B
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        float fac[4];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            fac[i] = ps[i] * sub[(hv[i] >> (16 + 4 * k)) & 15u];
+                        }
+                        const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
+                        const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
+                        uint32_t pa, pb; // byte n: the pair index (key A | key B << bits) of coordinate 32k + 4g + n
+                        if constexpr (TV == TQFA_TQ3) {
+                            uint32_t f[4];
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                f[i] = tq_mma_bits(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
+                            }
+                            pa = pb = 0u;
+#pragma unroll
+                            for (int n = 0; n < 4; ++n) {
+                                pa |= (((f[0] >> (3 * n)) & 7u) | (((f[1] >> (3 * n)) & 7u) << 3)) << (8 * n);
+                                pb |= (((f[2] >> (3 * n)) & 7u) | (((f[3] >> (3 * n)) & 7u) << 3)) << (8 * n);
+                            }
+                        } else {
+                            const int sh = 4 * (k >> 1);
+                            uint32_t wv[4];
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                wv[i] = (vs[keys[i] * VW + b * VBW + 1 + 8 * (k & 1) + g] >> sh) & 0x0f0f0f0fu;
+                            }
+                            pa = wv[0] | (wv[1] << 4);
+                            pb = wv[2] | (wv[3] << 4);
+                        }
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const int s0 = 16 * hh, s1 = 16 * hh + 8;
+                            tq_mma_16816(oacc[b][2 * k + hh], lv[((pa >> s0) & 255u) * LV::REP],
+                                         lv[((pa >> s1) & 255u) * LV::REP], lv[((pb >> s0) & 255u) * LV::REP],
+                                         lv[((pb >> s1) & 255u) * LV::REP], bf0, bf1);
+                        }
+                    }
+                }
+            }
+        }
+        __syncwarp(); // the stage just read is refilled by the next iteration's load
+    }
+    tq_mma_cp_wait<0>();
+
+    // ---- merge the warps: row sums over the quad, then max / sum per column through shared memory
+    L += __shfl_xor_sync(0xffffffffu, L, 1);
+    L += __shfl_xor_sync(0xffffffffu, L, 2);
+    if (t == 0) {
+        red[0][warp][g] = M;
+        red[1][warp][g] = L;
+    }
+    __syncthreads();
+    float * out = reinterpret_cast<float *>(stage); // [8][D]
+    for (int i = tid; i < 8 * D; i += blockDim.x) {
+        out[i] = 0.0f;
+    }
+    float fw[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) { // the columns 2t + i of this lane's O^T
+        const int c = 2 * t + i;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+            m = fmaxf(m, red[0][w][c]);
+        }
+        fw[i] = red[0][warp][c] == -INFINITY ? 0.0f : __expf(red[0][warp][c] - m);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) { // movmatrix: row g is pair 2i of quad g >> 1 (value g & 1), row g + 8 pair 2i + 1
+                const int d = 128 * b + (TQ_MMA_V_MOVM ? tq_mma_coord<TV>(g >> 1, 2 * i + e, g & 1)
+                                                       : 32 * (i >> 1) + 4 * g + 2 * (i & 1) + e);
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    atomicAdd(&out[(2 * t + c) * D + d], oacc[b][i][2 * e + c] * fw[c]);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * p.ncol;
+    const int64_t base = (int64_t) blockIdx.x * p.n_cols_total + col0;
+    for (int i = tid; i < p.ncol * D; i += blockDim.x) {
+        const int c = i / D, d = i % D;
+        p.part[(base + c) * D + d] = out[c * D + d];
+    }
+    if (tid < p.ncol) {
+        float m = -INFINITY, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+            m = fmaxf(m, red[0][w][tid]);
+        }
+#pragma unroll
+        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+            l += red[0][w][tid] == -INFINITY ? 0.0f : red[1][w][tid] * __expf(red[0][w][tid] - m);
+        }
+        p.ml[base + tid] = make_float2(m, l);
+    }
+}
