@@ -8,6 +8,7 @@
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
+# Environment: OPS (ops stage op list), BENCH_TYPES, BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
@@ -50,7 +51,7 @@ stage_exact() {
 
 stage_ops() {
     local rc=0 op
-    for op in SET_ROWS GET_ROWS CPY MUL_MAT FLASH_ATTN_EXT; do
+    for op in ${OPS:-SET_ROWS GET_ROWS CPY MUL_MAT FLASH_ATTN_EXT}; do
         "$bin/test-backend-ops" test -b CUDA0 -o "$op" -p 'tq[34]' > "$RES/ops_$op.log" 2>&1 || rc=1
         printf '%-15s %s\n' "$op" "$(grep -E 'tests passed|Backend CUDA0' "$RES/ops_$op.log" | tail -1)"
         grep -c 'FAIL' "$RES/ops_$op.log" | xargs printf '%-15s FAIL lines: %s\n' "$op"
@@ -97,8 +98,9 @@ stage_bench() {
     PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/synth.gguf" > /dev/null || return 1
     local t rc=0
     : > "$RES/llama_bench.md"
-    for t in f16 q8_0 q4_0 tq4 tq3; do
-        "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d 0,8192,32768 -r "${BENCH_REPS:-10}" \
+    for t in ${BENCH_TYPES:-f16 q8_0 q4_0 tq4 tq3}; do
+        "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
+            -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
     done
     return "$rc"

@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
             w[tid] = e.x == -INFINITY ? 0.0f : __expf(e.x - mx);
         }
         __syncthreads();
-#pragma unroll 8
+#pragma unroll 32 // many loads in flight: one sequence's decode has ~128 chunks to sum
         for (int i = 0; i < n; ++i) {
             const float * pr = part + ((int64_t) (i0 + i) * n_cols_total + col) * D;
 #pragma unroll

@@ -24,6 +24,9 @@
 #define TQ_MMA_WARPS  4
 #define TQ_MMA_KEYS   16 // keys per warp tile
 #define TQ_MMA_STAGES 2
+#ifndef TQ_MMA_MIN_BLOCKS
+#define TQ_MMA_MIN_BLOCKS 4 // head 128: 4 blocks (16 warps) per SM, i.e. at most 128 registers
+#endif
 #ifndef TQ_MMA_V_MOVM
 #define TQ_MMA_V_MOVM 0 // V fragments: 1 = decode like K and transpose with movmatrix; 0 = pair indices across keys
 #endif
@@ -98,28 +101,46 @@ static __device__ __forceinline__ tq_mma_field<T> tq_mma_load_field(const uint32
     }
     return f;
 }
+// Byte offset of pair-table entry ((v >> sh) & MASK) for this lane's copy: one shift and one AND, the lane's
+// bank offset and the table base being added by the caller's pointer (an immediate in the shared load).
+template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut_off(uint32_t v, int sh) {
+    constexpr int L = T == TQFA_TQ3 ? 7 : 5;              // log2(entry stride in bytes) = log2(REP * 4)
+    constexpr uint32_t M = (T == TQFA_TQ3 ? 63u : 255u) << L;
+    return sh >= L ? (v >> (sh - L)) & M : (v << (L - sh)) & M;
+}
+template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut(const char * lutl, uint32_t off) {
+    return *reinterpret_cast<const uint32_t *>(lutl + off);
+}
+
 // Pairs 2j and 2j + 1 of the lane's 16 value pairs, as half2 (m * c[a], m * c[b]): tq3 coordinates
 // 32t + 4j + {0,1} and + {2,3}; tq4 (16t + 2j, 64 + 16t + 2j) and (16t + 2j + 1, 64 + 16t + 2j + 1).
-template <int T, int REP>
-static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f, int j, const uint32_t * lut,
+// lutl: the pair table plus this lane's copy offset.
+template <int T>
+static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f, int j, const char * lutl,
                                                       uint32_t & p0, uint32_t & p1) {
     if constexpr (T == TQFA_TQ3) {
         const uint32_t x = tq_mma_bits(f.w, 12 * j);
-        p0 = tq_mma_hmul2(lut[(x & 63u) * REP], f.mm);
-        p1 = tq_mma_hmul2(lut[((x >> 6) & 63u) * REP], f.mm);
+        p0 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 0)), f.mm);
+        p1 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 6)), f.mm);
     } else {
-        const uint32_t x = f.w[j >> 1] >> (16 * (j & 1));
-        p0 = tq_mma_hmul2(lut[(x & 255u) * REP], f.mm);
-        p1 = tq_mma_hmul2(lut[((x >> 8) & 255u) * REP], f.mm);
+        const uint32_t x = f.w[j >> 1];
+        p0 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 16 * (j & 1))), f.mm);
+        p1 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 16 * (j & 1) + 8)), f.mm);
     }
 }
+// 4 three-bit groups (bits 0..11) spread to the low bits of 4 bytes.
+static __device__ __forceinline__ uint32_t tq_mma_spread3(uint32_t x) {
+    x = (x & 0x3fu) | ((x & 0xfc0u) << 10);
+    return (x & 0x00070007u) | ((x & 0x00380038u) << 5);
+}
+
 // The coordinate (within its 128 block) of value e (0: low half, 1: high) of pair n (0..15) of lane quad t.
 template <int T> static __device__ __forceinline__ int tq_mma_coord(int t, int n, int e) {
     return T == TQFA_TQ3 ? 32 * t + 2 * n + e : (e ? 64 : 0) + 16 * t + n;
 }
 
 template <int D, int TK, int TV>
-__global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_fa_params p) {
+__global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCKS : 2) tq_fa_mma_kernel(const tq_fa_params p) {
     static_assert(tq_fa_is_tq(TK) && tq_fa_is_tq(TV), "tensor-core path: TQ K and TQ V");
     constexpr int NB  = D / 128;
     constexpr int KBW = tq_fa_block_words(TK), VBW = tq_fa_block_words(TV);
@@ -206,8 +227,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_f
         }
         __syncthreads(); // qs (the staging buffer) is reused below
     }
-    const uint32_t * lk = lutk + (lane & (LK::REP - 1));
-    const uint32_t * lv = (SAME ? lutk : lutv) + (lane & (LV::REP - 1));
+    const char * lk = reinterpret_cast<const char *>(lutk + (lane & (LK::REP - 1)));
+    const char * lv = reinterpret_cast<const char *>((SAME ? lutk : lutv) + (lane & (LV::REP - 1)));
 
     const int tok_g = grp * p.tpg + g / max(p.gqa, 1);
     const int head_g = kvh * p.gqa + g % max(p.gqa, 1);
@@ -300,7 +321,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_f
 #pragma unroll
                     for (int j = 0; j < 8; ++j) {
                         uint32_t b0, b1;
-                        tq_mma_decode2<TK, LK::REP>(f, j, lk, b0, b1);
+                        tq_mma_decode2<TK>(f, j, lk, b0, b1);
                         tq_mma_16816(acc, qa[b][j][0], 0u, qa[b][j][1], 0u, b0, b1);
                     }
                     // scales of the two keys whose scores this lane holds (keys 8nh + 2t, + 1)
@@ -342,14 +363,16 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_f
             // O^T columns are the rows 2t, 2t + 1: their factors live in the quads of g = 2t, 2t + 1
             const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
             const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+            if (__any_sync(0xffffffffu, alpha != 1.0f)) { // once the row maxima settle, most tiles skip this
 #pragma unroll
-            for (int b = 0; b < NB; ++b) {
+                for (int b = 0; b < NB; ++b) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    oacc[b][i][0] *= a0;
-                    oacc[b][i][1] *= a1;
-                    oacc[b][i][2] *= a0;
-                    oacc[b][i][3] *= a1;
+                    for (int i = 0; i < 8; ++i) {
+                        oacc[b][i][0] *= a0;
+                        oacc[b][i][1] *= a1;
+                        oacc[b][i][2] *= a0;
+                        oacc[b][i][3] *= a1;
+                    }
                 }
             }
 
@@ -376,8 +399,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_f
 #pragma unroll
                     for (int i = 0; i < 8; ++i) { // m-tile i: rows 0-7 are pair 2i of each lane quad, 8-15 pair 2i + 1
                         uint32_t v00, v01, v10, v11;
-                        tq_mma_decode2<TV, LV::REP>(f0, i, lv, v00, v01);
-                        tq_mma_decode2<TV, LV::REP>(f1, i, lv, v10, v11);
+                        tq_mma_decode2<TV>(f0, i, lv, v00, v01);
+                        tq_mma_decode2<TV>(f1, i, lv, v10, v11);
                         tq_mma_16816(oacc[b][i], tq_mma_movt(v00), tq_mma_movt(v01), tq_mma_movt(v10),
                                      tq_mma_movt(v11), bf0, bf1);
                     }
@@ -398,12 +421,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_f
                             for (int i = 0; i < 4; ++i) {
                                 f[i] = tq_mma_bits(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
                             }
-                            pa = pb = 0u;
-#pragma unroll
-                            for (int n = 0; n < 4; ++n) {
-                                pa |= (((f[0] >> (3 * n)) & 7u) | (((f[1] >> (3 * n)) & 7u) << 3)) << (8 * n);
-                                pb |= (((f[2] >> (3 * n)) & 7u) | (((f[3] >> (3 * n)) & 7u) << 3)) << (8 * n);
-                            }
+                            pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
+                            pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
                         } else {
                             const int sh = 4 * (k >> 1);
                             uint32_t wv[4];
@@ -417,9 +436,10 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32) tq_fa_mma_kernel(const tq_f
 #pragma unroll
                         for (int hh = 0; hh < 2; ++hh) {
                             const int s0 = 16 * hh, s1 = 16 * hh + 8;
-                            tq_mma_16816(oacc[b][2 * k + hh], lv[((pa >> s0) & 255u) * LV::REP],
-                                         lv[((pa >> s1) & 255u) * LV::REP], lv[((pb >> s0) & 255u) * LV::REP],
-                                         lv[((pb >> s1) & 255u) * LV::REP], bf0, bf1);
+                            tq_mma_16816(oacc[b][2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s0)),
+                                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s1)),
+                                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s0)),
+                                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s1)), bf0, bf1);
                         }
                     }
                 }
