@@ -9,6 +9,7 @@
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 # Environment: OPS (ops stage op list), BENCH_TYPES, BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
+#   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
@@ -102,6 +103,21 @@ stage_bench() {
         "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
             -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
+    done
+    return "$rc"
+}
+
+stage_profile() {
+    [ -f "$W/synth.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/synth.gguf" > /dev/null || return 1
+    local kv d rc=0
+    for d in ${PROFILE_DEPTHS:-0}; do
+        for kv in ${PROFILE_KV:-f16/f16 q8_0/q8_0 tq3/tq3 tq4/tq4 tq3/f16 f16/tq3}; do
+            # the last 8 decode tokens of tg16 (graph nodes profiled one by one), kernel times summed by name
+            ncu --metrics gpu__time_duration.sum --csv --graph-profiling node --kernel-name regex:. \
+                "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 0 -n 16 -d "$d" -r 1 \
+                -ctk "${kv%/*}" -ctv "${kv#*/}" > "$W/prof.csv" 2> /dev/null || rc=1
+            python3 scripts/gpu/kernel_times.py "$W/prof.csv" "$kv" "$d" | tee -a "$RES/decode_kernels.txt"
+        done
     done
     return "$rc"
 }

@@ -4,6 +4,7 @@
 //
 //   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
 //   ./tq_quant_exact [n_blocks]          prints one line per type and exits non-zero on any mismatch
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -127,6 +128,28 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     k_quant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dx, dq, n, tab);
     CK(cudaGetLastError());
     CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));
+    // speed: a decode token's write (4 blocks: one per KV head, one launch) and the whole batch
+    float us_small, us_all;
+    {
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        const int reps = 200;
+        CK(cudaEventRecord(a));
+        for (int i = 0; i < reps; ++i) {
+            k_quant<BITS><<<1, 128>>>(dx, dq, std::min<int64_t>(n, 4), tab);
+        }
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&us_small, a, b));
+        us_small *= 1000.0f / reps;
+        CK(cudaEventRecord(a));
+        k_quant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dx, dq, n, tab);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&us_all, a, b));
+        us_all *= 1000.0f;
+    }
 
     int64_t bad = 0;
     for (int64_t b = 0; b < n; ++b) {
@@ -170,8 +193,10 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     CK(cudaFree(dq));
     CK(cudaFree(dy));
     const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6;
-    printf("tq%d: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s\n",
-           BITS, (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL");
+    printf("tq%d: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s"
+           " | quantize 4 blocks %.1f us per launch, all %lld blocks %.0f us\n",
+           BITS, (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL", us_small,
+           (long long) n, us_all);
     return ok ? 0 : 1;
 }
 

@@ -119,13 +119,25 @@ static __device__ __forceinline__ float tq_cu_subblock_err(float e) {
     return __shfl_sync(0xffffffffu, u, 0);
 }
 
-// Sequential double sum in index order (the codec's loop), done by lane 0 from shared scratch.
+// Sequential double sum in index order (the codec's loop), done by lane 0 from shared scratch. Unrolled so the
+// shared loads are issued ahead of the dependent adds (same adds, same order: the result is bit-identical).
 static __device__ __forceinline__ double tq_cu_seq_sum(const double * s) {
     double acc = 0.0;
+#pragma unroll 32
     for (int i = 0; i < TQ_BLOCK; ++i) {
         acc = __dadd_rn(acc, s[i]);
     }
     return acc;
+}
+// Two independent sequential sums side by side (the least-squares scale's numerator and denominator).
+static __device__ __forceinline__ void tq_cu_seq_sum2(const double * s, const double * t, double & a, double & b) {
+    a = 0.0;
+    b = 0.0;
+#pragma unroll 32
+    for (int i = 0; i < TQ_BLOCK; ++i) {
+        a = __dadd_rn(a, s[i]);
+        b = __dadd_rn(b, t[i]);
+    }
 }
 
 // Quantizes one block; x[r] = value lane + 32r. scratch: 2*128 doubles + 128 bytes of shared memory per warp.
@@ -216,8 +228,8 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, const float 
         __syncwarp();
         double s = 0.0;
         if (lane == 0) {
-            const double yc = tq_cu_seq_sum(dscratch);
-            const double cc = tq_cu_seq_sum(dscratch + TQ_BLOCK);
+            double yc, cc;
+            tq_cu_seq_sum2(dscratch, dscratch + TQ_BLOCK, yc, cc);
             s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) { // the largest finite bfloat16, as the codec clamps
                 s = tq_f2d(TQ_BF16_MAX);
