@@ -73,6 +73,8 @@ def capture(model: Path, text: str, n_tokens: int) -> dict[str, np.ndarray]:
     llama_cpp.llama_backend_init()
     mp = llama_cpp.llama_model_default_params()
     mdl = llama_cpp.llama_model_load_from_file(str(model).encode(), mp)
+    if not mdl:
+        raise SystemExit(f"could not load {model}")
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = n_tokens
     cp.n_batch = 512
@@ -81,6 +83,8 @@ def capture(model: Path, text: str, n_tokens: int) -> dict[str, np.ndarray]:
     cp.cb_eval = cb
     cp.cb_eval_user_data = None
     ctx = llama_cpp.llama_init_from_model(mdl, cp)
+    if not ctx:
+        raise SystemExit("could not create a context (see the log above)")
     vocab = llama_cpp.llama_model_get_vocab(mdl)
     raw = text.encode()
     toks = (llama_cpp.llama_token * (len(raw) + 8))()

@@ -18,14 +18,7 @@
 
 #include "tq-fattn-mma.cuh"
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-            exit(2);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "../../tests/cuda/cuda_check.cuh"
 
 struct Case {
     int D, n_kv, n_kvh, gqa, n_q, n_seq, tk, tv;

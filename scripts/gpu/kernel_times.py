@@ -25,7 +25,10 @@ def main() -> None:
     for r in csv.DictReader(lines):
         if r.get("Metric Name") == "gpu__time_duration.sum":
             scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-            us = float(r["Metric Value"].replace(",", "")) * scale[r.get("Metric Unit", "ns")]
+            unit = r.get("Metric Unit", "ns")
+            if unit not in scale:
+                raise SystemExit(f"{args.csv}: unknown time unit {unit!r}")
+            us = float(r["Metric Value"].replace(",", "")) * scale[unit]
             rows.append((r["Kernel Name"], us))
     # decode steps launch the same kernel sequence: its period is the shortest p with names[-p:] == names[-2p:-p]
     if not rows:

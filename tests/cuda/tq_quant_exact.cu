@@ -15,14 +15,7 @@
 
 #include "tq-cuda-codec.cuh"
 
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "cuda_check.cuh"
 
 template <int BITS>
 __global__ void k_quant(const float * x, uint8_t * out, int64_t n, tq_cu_tables tab) {

@@ -27,9 +27,6 @@
 #ifndef TQ_MMA_MIN_BLOCKS
 #define TQ_MMA_MIN_BLOCKS 4 // head 128: 4 blocks (16 warps) per SM, i.e. at most 128 registers
 #endif
-#ifndef TQ_MMA_V_MOVM
-#define TQ_MMA_V_MOVM 0 // V fragments: 1 = decode like K and transpose with movmatrix; 0 = pair indices across keys
-#endif
 
 template <int T> struct tq_mma_lut_t {
     static constexpr int ENTRIES = T == TQFA_TQ3 ? 64 : 256; // (a, b) index pairs
@@ -67,12 +64,6 @@ template <int N> static __device__ __forceinline__ void tq_mma_cp_wait() {
 static __device__ __forceinline__ uint32_t tq_mma_bits(const uint32_t * w, int sh) {
     const int wi = sh >> 5, o = sh & 31;
     return o <= 20 ? w[wi] >> o : __funnelshift_r(w[wi], w[wi + 1], o);
-}
-
-static __device__ __forceinline__ uint32_t tq_mma_movt(uint32_t a) { // 8x8 b16 transpose across the warp
-    uint32_t d;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
-    return d;
 }
 
 // One lane's share of a 128-value block row: the index field (tq3: sub-block t, 3 words; tq4: bytes 16t..16t+15,
@@ -132,11 +123,6 @@ static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f,
 static __device__ __forceinline__ uint32_t tq_mma_spread3(uint32_t x) {
     x = (x & 0x3fu) | ((x & 0xfc0u) << 10);
     return (x & 0x00070007u) | ((x & 0x00380038u) << 5);
-}
-
-// The coordinate (within its 128 block) of value e (0: low half, 1: high) of pair n (0..15) of lane quad t.
-template <int T> static __device__ __forceinline__ int tq_mma_coord(int t, int n, int e) {
-    return T == TQFA_TQ3 ? 32 * t + 2 * n + e : (e ? 64 : 0) + 16 * t + n;
 }
 
 template <int D, int TK, int TV>
@@ -230,8 +216,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const char * lk = reinterpret_cast<const char *>(lutk + (lane & (LK::REP - 1)));
     const char * lv = reinterpret_cast<const char *>((SAME ? lutk : lutv) + (lane & (LV::REP - 1)));
 
-    const int tok_g = grp * p.tpg + g / max(p.gqa, 1);
-    const int head_g = kvh * p.gqa + g % max(p.gqa, 1);
+    const int tok_g = grp * p.tpg + g / p.gqa;
+    const int head_g = kvh * p.gqa + g % p.gqa;
     const bool ok_g = g < C && tok_g < p.n_q;
     const half * mrow = p.mask && ok_g ? reinterpret_cast<const half *>(p.mask + tok_g * p.nb31 +
                                                                          (head_g % p.ne32) * p.nb32 + (z % p.ne33) * p.nb33)
@@ -282,7 +268,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     };
 
     float M = -INFINITY, L = 0.0f; // row g of this warp
-    float oacc[NB][8][4]; // O^T m-tiles: rows = coordinates (tq_mma_coord order), columns = the 8 rows of Q
+    float oacc[NB][8][4]; // O^T m-tiles (2k + hh: see the V step), columns = the 8 rows of Q
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
 #pragma unroll
@@ -376,10 +362,9 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                 }
             }
 
-            // ---- O^T += V^T P^T. Lane (g, t) decodes rows g and g + 8 of the tile as the K step does (pairs of
-            // coordinates of one key: the 8x8 blocks of a tile with keys as rows); movmatrix transposes each block
-            // into the A layout (rows = coordinates, columns = keys). B = P^T is the K step's accumulator with the
-            // scale of each key folded in: this lane's keys are 2t, 2t + 1 (P from nh 0) and 2t + 8, 2t + 9.
+            // ---- O^T += V^T P^T. B = P^T is the K step's accumulator with s * m of each key folded in (this
+            // lane's keys are 2t, 2t + 1 from nh 0 and 2t + 8, 2t + 9 from nh 1); m-tile 2k + hh covers sub-block
+            // k, rows g + 8e = coordinates 32k + 4g + 2hh + e, and A is pure codebook pairs across two keys.
             const int keys[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
             const float pk[4] = {pr[0][0], pr[0][1], pr[1][0], pr[1][1]};
 #pragma unroll
@@ -391,56 +376,41 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                     hv[i] = vs[keys[i] * VW + b * VBW];
                     ps[i] = keys[i] < nk ? pk[i] * tq_cu_bf16_to_fp32(hv[i] & 0xffffu) : 0.0f;
                 }
-                if constexpr (TQ_MMA_V_MOVM) {
-                    const uint32_t bf0 = tq_mma_h2(ps[0], ps[1]);
-                    const uint32_t bf1 = tq_mma_h2(ps[2], ps[3]);
-                    const tq_mma_field<TV> f0 = tq_mma_load_field<TV>(vs + g * VW + b * VBW, t, sub);
-                    const tq_mma_field<TV> f1 = tq_mma_load_field<TV>(vs + (g + 8) * VW + b * VBW, t, sub);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) { // m-tile i: rows 0-7 are pair 2i of each lane quad, 8-15 pair 2i + 1
-                        uint32_t v00, v01, v10, v11;
-                        tq_mma_decode2<TV>(f0, i, lv, v00, v01);
-                        tq_mma_decode2<TV>(f1, i, lv, v10, v11);
-                        tq_mma_16816(oacc[b][i], tq_mma_movt(v00), tq_mma_movt(v01), tq_mma_movt(v10),
-                                     tq_mma_movt(v11), bf0, bf1);
+                for (int k = 0; k < 4; ++k) {
+                    float fac[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        fac[i] = ps[i] * sub[(hv[i] >> (16 + 4 * k)) & 15u];
                     }
-                } else { // m-tile 2k + hh: sub-block k, rows g + 8e = coordinates 32k + 4g + 2hh + e; s * m in B
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        float fac[4];
+                    const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
+                    const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
+                    uint32_t pa, pb; // byte n: the pair index (key A | key B << bits) of coordinate 32k + 4g + n
+                    if constexpr (TV == TQFA_TQ3) {
+                        uint32_t f[4];
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {
-                            fac[i] = ps[i] * sub[(hv[i] >> (16 + 4 * k)) & 15u];
+                            f[i] = tq_mma_bits(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
                         }
-                        const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
-                        const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
-                        uint32_t pa, pb; // byte n: the pair index (key A | key B << bits) of coordinate 32k + 4g + n
-                        if constexpr (TV == TQFA_TQ3) {
-                            uint32_t f[4];
+                        pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
+                        pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
+                    } else {
+                        const int sh = 4 * (k >> 1);
+                        uint32_t wv[4];
 #pragma unroll
-                            for (int i = 0; i < 4; ++i) {
-                                f[i] = tq_mma_bits(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
-                            }
-                            pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
-                            pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
-                        } else {
-                            const int sh = 4 * (k >> 1);
-                            uint32_t wv[4];
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) {
-                                wv[i] = (vs[keys[i] * VW + b * VBW + 1 + 8 * (k & 1) + g] >> sh) & 0x0f0f0f0fu;
-                            }
-                            pa = wv[0] | (wv[1] << 4);
-                            pb = wv[2] | (wv[3] << 4);
+                        for (int i = 0; i < 4; ++i) {
+                            wv[i] = (vs[keys[i] * VW + b * VBW + 1 + 8 * (k & 1) + g] >> sh) & 0x0f0f0f0fu;
                         }
+                        pa = wv[0] | (wv[1] << 4);
+                        pb = wv[2] | (wv[3] << 4);
+                    }
 #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            const int s0 = 16 * hh, s1 = 16 * hh + 8;
-                            tq_mma_16816(oacc[b][2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s0)),
-                                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s1)),
-                                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s0)),
-                                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s1)), bf0, bf1);
-                        }
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int s0 = 16 * hh, s1 = 16 * hh + 8;
+                        tq_mma_16816(oacc[b][2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s0)),
+                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s1)),
+                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s0)),
+                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s1)), bf0, bf1);
                     }
                 }
             }
@@ -478,9 +448,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) { // movmatrix: row g is pair 2i of quad g >> 1 (value g & 1), row g + 8 pair 2i + 1
-                const int d = 128 * b + (TQ_MMA_V_MOVM ? tq_mma_coord<TV>(g >> 1, 2 * i + e, g & 1)
-                                                       : 32 * (i >> 1) + 4 * g + 2 * (i & 1) + e);
+            for (int e = 0; e < 2; ++e) { // m-tile i = 2k + hh, row g + 8e: coordinate 32k + 4g + 2hh + e
+                const int d = 128 * b + 32 * (i >> 1) + 4 * g + 2 * (i & 1) + e;
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     atomicAdd(&out[(2 * t + c) * D + d], oacc[b][i][2 * e + c] * fw[c]);
