@@ -63,6 +63,43 @@ def test_tq_cache_state_round_trips_bit_exactly(binding: None) -> None:
     assert size_tq3 < size_tq4 < size_f16  # the state carries the TQ blocks, not f16
 
 
+SEQ_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, sys, llama_tq
+    llama_cpp = llama_tq.llama_cpp()
+    def make():
+        return llama_cpp.Llama(sys.argv[1], n_ctx=512, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
+                               flash_attn=True, verbose=False, n_threads=2)
+    a, b = make(), make()
+    p1 = a.tokenize(b"The capital of France is Paris. The capital of Germany is")
+    a.eval(p1)
+    size = llama_cpp.llama_state_seq_get_size(a.ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    assert llama_cpp.llama_state_seq_get_data(a.ctx, buf, size, 0) == size
+    nxt = a.tokenize(b" Berlin", add_bos=False)
+    a.eval(nxt)
+    want = a.scores[a.n_tokens - 1].copy()
+    # b first fills its cache from other text: its key mean differs from a's
+    b.eval(b.tokenize(b"def main():\\n    x = [i * i for i in range(100)]\\n    print(sum(x))\\n" * 4))
+    ok = llama_cpp.llama_state_seq_set_data(b.ctx, buf, size, 0)
+    b.n_tokens = len(p1)
+    b.input_ids[: len(p1)] = p1
+    b.eval(nxt)
+    print("SEQ", ok > 0, bool((b.scores[b.n_tokens - 1] == want).all()))
+    """
+)
+
+
+def test_seq_restore_adopts_the_saved_key_mean(binding: None) -> None:
+    """Restoring a sequence into a context whose cache was centered on another key mean: seq_rm empties the cache
+    first, so the restore adopts the saved mean and the next token sees exactly the keys it saw before."""
+    proc = subprocess.run([sys.executable, "-c", SEQ_SCRIPT, str(default_model())], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SEQ")), None)
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert line.split()[1:] == ["True", "True"], line
+
+
 TRIATT_SCRIPT = textwrap.dedent(
     """
     import sys, llama_tq

@@ -8,7 +8,8 @@
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
-# Environment: OPS (ops stage op list), BENCH_TYPES, BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
+# Environment: OPS (ops stage op list), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
+#   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
@@ -84,12 +85,14 @@ stage_ppl() {
         cat "$W"/model.part* > "$model" 2>/dev/null || cat .gpu/model.part* > "$model"
     fi
     [ "$(sha256sum "$model" | cut -d' ' -f1)" = "$(cat .gpu/model.sha256)" ] || { echo "model pieces incomplete"; return 1; }
-    local kv ngl rc=0
-    for kv in f16 tq3; do
+    local run kv ngl rc=0
+    for run in ${PPL_RUNS:-f16 tq3 tq3@nokeys}; do
+        kv=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
         for ngl in 99 0; do
-            "$bin/llama-perplexity" -m "$model" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 -fa on \
-                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$RES/ppl_${kv}_ngl$ngl.log" 2>&1 || rc=1
-            printf 'ppl %-4s ngl %-2s %s\n' "$kv" "$ngl" "$(grep 'Final estimate' "$RES/ppl_${kv}_ngl$ngl.log")"
+            LLAMA_TQ_KEYS=$([ "$kv" = "$run" ] && echo auto || echo 0) \
+                "$bin/llama-perplexity" -m "$model" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 -fa on \
+                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$RES/ppl_${run/@/_}_ngl$ngl.log" 2>&1 || rc=1
+            printf 'ppl %-11s ngl %-2s %s\n' "$run" "$ngl" "$(grep 'Final estimate' "$RES/ppl_${run/@/_}_ngl$ngl.log")"
         done
     done
     return "$rc"
@@ -97,10 +100,13 @@ stage_ppl() {
 
 stage_bench() {
     PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/synth.gguf" > /dev/null || return 1
-    local t rc=0
+    local run t rc=0
     : > "$RES/llama_bench.md"
-    for t in ${BENCH_TYPES:-f16 q8_0 q4_0 tq4 tq3}; do
-        "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
+    for run in ${BENCH_TYPES:-f16 q8_0 q4_0 tq4 tq3 tq3@nokeys}; do
+        t=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
+        [ "$t" != "$run" ] && echo "LLAMA_TQ_KEYS=0:" | tee -a "$RES/llama_bench.md"
+        LLAMA_TQ_KEYS=$([ "$t" = "$run" ] && echo auto || echo 0) \
+            "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
             -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
     done

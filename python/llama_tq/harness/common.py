@@ -30,6 +30,9 @@ OPTIONS = {
     "rotv": ("LLAMA_TQ_ATTN_ROT", "v"),  # ... on TQ V only
     "tqnorot": ("LLAMA_TQ_ATTN_ROT", "0"),  # ... on neither
     "norot": ("LLAMA_ATTN_ROT_DISABLE", "1"),  # upstream's rotation off for every type
+    "nokeys": ("LLAMA_TQ_KEYS", "0"),  # no key transforms on TQ K (no centering, no equalization)
+    "mean": ("LLAMA_TQ_KEYS", "mean"),  # key-mean centering only
+    "eq": ("LLAMA_TQ_KEYS", "eq"),  # channel equalization only
 }
 
 

@@ -302,6 +302,7 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
                 unrotate_hadamard(dst, n_embd, rot_block);
             }
         }
+        kv->get_tq_keys().true_keys(ls.il, keys.data(), n);  // scores are computed on the true keys
         const size_t np = (size_t) ls.head_dim / 2;
         std::vector<float> a_re(np), a_im(np), b(np);
         for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {

@@ -1,0 +1,343 @@
+// llama-tq: see llama-tq-keys.h.
+#include "llama-tq-keys.h"
+
+#include "llama-graph.h"
+#include "llama-impl.h"
+#include "llama-io.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+// Keeps a graph that sets mu from being reused after mu is set, and a graph that reads mu from being reused while
+// mu is unset (the cache was emptied). set_input runs right before the graph computes.
+class llm_graph_input_tq_keys : public llm_graph_input_i {
+public:
+    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool sets_mu) : keys(keys), sets_mu(sets_mu) {}
+
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        if (sets_mu) {
+            keys->set_mu_ready();
+        }
+    }
+
+    bool can_reuse(const llm_graph_params & params) override {
+        GGML_UNUSED(params);
+        return sets_mu != keys->is_mu_ready();
+    }
+
+private:
+    const llama_tq_keys * keys;
+    bool sets_mu;
+};
+
+// s^4 = g_q^2 / g_k^2 per channel from the QK-norm gains, averaged over RoPE pairs, geometric mean 1, in [1/16, 16].
+// Channels where either gain is ~0 carry no logit; their scale is arbitrary and only the clip bounds it.
+std::vector<float> scales_from_gains(const std::vector<float> & gq, const std::vector<float> & gk, bool neox) {
+    const size_t d = gq.size();
+    std::vector<double> eq(d), ek(d);
+    for (size_t c = 0; c < d; ++c) {
+        const size_t p = neox ? (c + d / 2) % d : (c ^ 1);  // RoPE partner: NEOX (i, i + d/2), normal (2i, 2i + 1)
+        eq[c] = 0.5 * ((double) gq[c] * gq[c] + (double) gq[p] * gq[p]);
+        ek[c] = 0.5 * ((double) gk[c] * gk[c] + (double) gk[p] * gk[p]);
+    }
+    double mq = 0.0, mk = 0.0;
+    for (size_t c = 0; c < d; ++c) {
+        mq += eq[c] / (double) d;
+        mk += ek[c] / (double) d;
+    }
+    const double eps = 1e-9 * std::max({mq, mk, 1e-30});
+    std::vector<double> s(d);
+    double log_sum = 0.0;
+    for (size_t c = 0; c < d; ++c) {
+        s[c] = std::clamp(std::pow((eq[c] + eps) / (ek[c] + eps), 0.25), 1.0 / 16, 16.0);
+        log_sum += std::log(s[c]);
+    }
+    const double g = std::exp(log_sum / (double) d);
+    std::vector<float> out(d);
+    for (size_t c = 0; c < d; ++c) {
+        out[c] = (float) (s[c] / g);
+    }
+    return out;
+}
+
+std::vector<float> tensor_floats(const ggml_tensor * t) {
+    std::vector<float> v((size_t) ggml_nelements(t));
+    ggml_backend_tensor_get(t, v.data(), 0, v.size() * sizeof(float));
+    return v;
+}
+
+}  // namespace
+
+llama_tq_keys::~llama_tq_keys() {
+    for (auto * b : bufs) {
+        ggml_backend_buffer_free(b);
+    }
+    for (auto * c : ctxs) {
+        ggml_free(c);
+    }
+}
+
+void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
+    const char * env = std::getenv("LLAMA_TQ_KEYS");
+    const std::string mode = env != nullptr && *env != '\0' ? env : "auto";
+    const bool tq = type_k == GGML_TYPE_TQ3 || type_k == GGML_TYPE_TQ4;
+    center = equalize = false;
+    const char * off = std::getenv("LLAMA_TQ_KEYS_TEST_OFFSET");
+    test_offset = off != nullptr ? std::strtof(off, nullptr) : 0.0f;
+    if (mode != "auto" && mode != "0" && mode != "1" && mode != "mean" && mode != "eq") {
+        throw std::runtime_error("LLAMA_TQ_KEYS must be auto, 0, 1, mean or eq (got '" + mode + "')");
+    }
+    if (!allowed || !tq) {
+        test_offset = 0.0f;
+        return;
+    }
+    if (hp.is_mla() || hp.n_layer() == 0) {
+        return;
+    }
+    head_dim = hp.n_embd_head_k(0);
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        if (!hp.has_kv(il)) {
+            continue;
+        }
+        // one head size, RoPE over the whole head (a K-shift maps stored keys back through it)
+        if (hp.n_embd_head_k(il) != head_dim || (hp.has_rope(il) && (int64_t) hp.n_rot(il) != head_dim)) {
+            LLAMA_LOG_WARN("%s: key transforms off: layer %u has head %u, RoPE over %u dims\n", __func__, il,
+                           hp.n_embd_head_k(il), hp.n_rot(il));
+            return;
+        }
+    }
+    center = mode != "eq" && mode != "0";
+    equalize = mode != "mean" && mode != "0" && (hp.rope_type == LLAMA_ROPE_TYPE_NORM || hp.rope_type == LLAMA_ROPE_TYPE_NEOX);
+    if (center && hp.attn_soft_cap) {
+        center = false;  // tanh(logit / cap) does not ignore a common shift
+    }
+    if (test_offset > 0.0f) {
+        LLAMA_LOG_WARN("%s: testing: every TQ key gets a common offset of norm %g (LLAMA_TQ_KEYS_TEST_OFFSET)\n",
+                       __func__, test_offset);
+    }
+    if (!center && !equalize) {
+        return;
+    }
+    LLAMA_LOG_INFO("%s: TQ key transforms: centering %s, equalization %s (LLAMA_TQ_KEYS=%s)\n", __func__,
+                   center ? "on" : "off", equalize ? "on" : "off", mode.c_str());
+}
+
+void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa) {
+    if (center || equalize || test_offset > 0.0f) {
+        layers[il] = layer{il, n_embd_k_gqa, buft, nullptr, {}};
+    }
+}
+
+void llama_tq_keys::allocate(const llama_model & model) {
+    std::map<ggml_backend_buffer_type_t, ggml_context *> by_buft;
+    for (auto & [il, L] : layers) {
+        ggml_context *& ctx = by_buft[L.buft];
+        if (ctx == nullptr) {
+            ggml_init_params ip = {layers.size() * ggml_tensor_overhead(), nullptr, true};
+            ctx = ggml_init(ip);
+            if (ctx == nullptr) {
+                throw std::runtime_error("failed to create the ggml context of the TQ key transforms");
+            }
+            ctxs.push_back(ctx);
+        }
+        L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, 4);
+        ggml_format_name(L.t, "tq_keys_l%d", il);
+    }
+    for (auto & [buft, ctx] : by_buft) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+        if (buf == nullptr) {
+            throw std::runtime_error("failed to allocate the TQ key transforms");
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        bufs.push_back(buf);
+    }
+    const bool neox = model.hparams.rope_type == LLAMA_ROPE_TYPE_NEOX;
+    int32_t n_eq = 0;
+    for (auto & [il, L] : layers) {
+        const llama_layer & ml = model.layers[il];
+        std::vector<float> s1((size_t) head_dim, 1.0f);
+        const bool gains = equalize && ml.attn_q_norm != nullptr && ml.attn_k_norm != nullptr &&
+                           ml.attn_q_norm->type == GGML_TYPE_F32 && ml.attn_k_norm->type == GGML_TYPE_F32 &&
+                           ml.attn_q_norm->ne[0] == head_dim && ml.attn_k_norm->ne[0] == head_dim &&
+                           ggml_nelements(ml.attn_q_norm) == head_dim && ggml_nelements(ml.attn_k_norm) == head_dim;
+        if (gains) {
+            s1 = scales_from_gains(tensor_floats(ml.attn_q_norm), tensor_floats(ml.attn_k_norm), neox);
+            ++n_eq;
+        }
+        L.s.resize((size_t) L.n);
+        std::vector<float> inv((size_t) L.n);
+        for (int64_t c = 0; c < L.n; ++c) {
+            L.s[c] = s1[(size_t) (c % head_dim)];
+            inv[c] = 1.0f / L.s[c];
+        }
+        ggml_backend_tensor_set(L.t, L.s.data(), (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        ggml_backend_tensor_set(L.t, inv.data(), 2 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head), norm test_offset
+            std::mt19937 rng((uint32_t) il + 1);
+            std::normal_distribution<float> gauss;
+            std::vector<float> o((size_t) L.n);
+            for (int64_t h = 0; h < L.n / head_dim; ++h) {
+                double ss = 0.0;
+                for (int64_t c = 0; c < head_dim; ++c) {
+                    o[h * head_dim + c] = gauss(rng);
+                    ss += (double) o[h * head_dim + c] * o[h * head_dim + c];
+                }
+                for (int64_t c = 0; c < head_dim; ++c) {
+                    o[h * head_dim + c] *= (float) (test_offset / std::sqrt(ss));
+                }
+            }
+            ggml_backend_tensor_set(L.t, o.data(), 3 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        }
+    }
+    if (equalize && n_eq == 0) {
+        equalize = false;  // no per-head QK-norm gains: s = 1 everywhere, skip the multiplications
+        LLAMA_LOG_INFO("%s: TQ key transforms: no per-head QK-norm gains, equalization off\n", __func__);
+    }
+}
+
+ggml_tensor * llama_tq_keys::row(ggml_context * ctx, const layer & L, int r, int64_t n_head_kv) const {
+    const size_t f = sizeof(float);
+    return ggml_view_3d(ctx, L.t, head_dim, n_head_kv, 1, head_dim * f, L.n * f, r * L.n * f);
+}
+
+void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor *& q,
+                          ggml_tensor *& k, int32_t il, bool center_ok) const {
+    const auto it = layers.find(il);
+    if (it == layers.end()) {
+        return;
+    }
+    const layer & L = it->second;
+    const int64_t hkv = L.n / head_dim;
+    const size_t f = sizeof(float);
+    if (test_offset > 0.0f) {
+        k = ggml_add(ctx, k, row(ctx, L, 3, hkv));
+    }
+    if (equalize) {
+        q = ggml_is_contiguous(q) ? q : ggml_cont(ctx, q);
+        const int64_t nh = q->ne[1];
+        const int64_t nt = q->ne[2];
+        // query head h reads KV head h / (nh / hkv), as ggml's broadcast in attention does
+        ggml_tensor * q4 = ggml_reshape_4d(ctx, q, head_dim, nh / hkv, hkv, nt);
+        ggml_tensor * inv = ggml_view_4d(ctx, L.t, head_dim, 1, hkv, 1, head_dim * f, head_dim * f, L.n * f, 2 * L.n * f);
+        q = ggml_reshape_3d(ctx, ggml_mul(ctx, q4, inv), head_dim, nh, nt);
+    }
+    if (center && center_ok) {
+        k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
+        const bool sets_mu = !mu_ready;
+        ggml_tensor * mu = row(ctx, L, 0, hkv);
+        if (sets_mu) {
+            // mean over the ubatch's tokens, shrunk towards 0: sum / (n + 16)
+            ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k, 1, 2, 0, 3));  // [T, D, H]
+            ggml_tensor * m = ggml_scale(ctx, ggml_sum_rows(ctx, kt), 1.0f / (float) (k->ne[2] + 16));
+            m = ggml_reshape_3d(ctx, m, head_dim, hkv, 1);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, m, mu));
+            mu = m;
+        }
+        k = ggml_sub(ctx, k, mu);
+        res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu));
+    }
+    if (equalize) {
+        k = ggml_mul(ctx, k, row(ctx, L, 1, hkv));
+    }
+}
+
+ggml_tensor * llama_tq_keys::to_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
+    const auto it = layers.find(il);
+    if (it == layers.end()) {
+        return cur;
+    }
+    const int64_t hkv = it->second.n / head_dim;
+    if (equalize) {
+        cur = ggml_mul(ctx, cur, row(ctx, it->second, 2, hkv));
+    }
+    return center ? ggml_add(ctx, cur, row(ctx, it->second, 0, hkv)) : cur;
+}
+
+ggml_tensor * llama_tq_keys::from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
+    const auto it = layers.find(il);
+    if (it == layers.end()) {
+        return cur;
+    }
+    const int64_t hkv = it->second.n / head_dim;
+    if (center) {
+        cur = ggml_sub(ctx, cur, row(ctx, it->second, 0, hkv));
+    }
+    return equalize ? ggml_mul(ctx, cur, row(ctx, it->second, 1, hkv)) : cur;
+}
+
+void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
+    const auto it = layers.find(il);
+    if (it == layers.end()) {
+        return;
+    }
+    const layer & L = it->second;
+    std::vector<float> mu((size_t) L.n, 0.0f);
+    if (center) {
+        ggml_backend_tensor_get(L.t, mu.data(), 0, mu.size() * sizeof(float));
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+        float * x = rows + r * L.n;
+        for (int64_t c = 0; c < L.n; ++c) {
+            x[c] = x[c] / L.s[c] + mu[c];
+        }
+    }
+}
+
+// Layout: uint32 magic, uint32 flags (1 centering, 2 equalization, 4 mu set), then per layer (ascending il) n floats
+// of mu. The magic makes a state saved without the transforms fail to load instead of being misread.
+static const uint32_t TQ_KEYS_MAGIC = 0x314b5154;  // "TQK1"
+
+void llama_tq_keys::state_write(llama_io_write_i & io) const {
+    io.write(&TQ_KEYS_MAGIC, sizeof(TQ_KEYS_MAGIC));
+    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (mu_ready ? 4u : 0u);
+    io.write(&flags, sizeof(flags));
+    for (const auto & [il, L] : layers) {
+        io.write_tensor(L.t, 0, (size_t) L.n * sizeof(float));
+    }
+}
+
+bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) {
+    uint32_t magic = 0;
+    uint32_t flags = 0;
+    io.read(&magic, sizeof(magic));
+    if (magic != TQ_KEYS_MAGIC) {
+        LLAMA_LOG_ERROR("%s: the state has no TQ key transform section (saved with LLAMA_TQ_KEYS=0 or by another "
+                        "build); restore it with the same setting\n", __func__);
+        return false;
+    }
+    io.read(&flags, sizeof(flags));
+    if ((flags & 3u) != ((center ? 1u : 0u) | (equalize ? 2u : 0u))) {
+        LLAMA_LOG_ERROR("%s: the state was saved with other TQ key transforms (flags %u; this cache: centering %d, "
+                        "equalization %d; see LLAMA_TQ_KEYS)\n", __func__, flags, center, equalize);
+        return false;
+    }
+    std::vector<std::vector<float>> mus;
+    bool differs = false;
+    for (const auto & [il, L] : layers) {
+        std::vector<float> mu((size_t) L.n), cur((size_t) L.n);
+        io.read(mu.data(), mu.size() * sizeof(float));
+        ggml_backend_tensor_get(L.t, cur.data(), 0, cur.size() * sizeof(float));
+        differs = differs || std::memcmp(mu.data(), cur.data(), mu.size() * sizeof(float)) != 0;
+        mus.push_back(std::move(mu));
+    }
+    if (differs && mu_ready && cache_has_other_keys) {
+        LLAMA_LOG_ERROR("%s: this cache holds other sequences' keys centered on a different key mean than the saved "
+                        "ones; restore into an emptied cache (or use LLAMA_TQ_KEYS=eq, which stores no mean)\n", __func__);
+        return false;
+    }
+    size_t i = 0;
+    for (const auto & [il, L] : layers) {
+        ggml_backend_tensor_set(L.t, mus[i++].data(), 0, (size_t) L.n * sizeof(float));
+    }
+    mu_ready = mu_ready || (flags & 4u) != 0;
+    return true;
+}

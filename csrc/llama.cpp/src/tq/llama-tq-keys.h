@@ -1,0 +1,97 @@
+// llama-tq: exact key transforms for TQ keys (issue 13): key-mean centering and channel equalization.
+//
+// What is stored for a key k of layer l, KV head h (post-RoPE, before upstream's Hadamard rotation):
+//     k' = (k - mu) * s          and every query uses   q' = q / s
+// so q'.k' = q.k - q.mu: the same shift for every key a query sees, which softmax ignores. mu moves the
+// quantizer's input towards zero (a large common key offset then costs nothing); s moves the quantization error
+// to channels where queries do not look (QServe's SmoothAttention idea). Both are exact in exact arithmetic.
+//
+// Where they come from (bench/results/key_transforms.md measures the options):
+//   s  from the weights: s^4 = g_q^2 / g_k^2 with g the attn_q_norm / attn_k_norm gains (models with per-head
+//      QK-norm: Gemma 3, Qwen3, ...), averaged over each RoPE pair so that it commutes with RoPE (a K-shift
+//      rotates stored keys), geometric mean 1, clipped to [1/16, 16]. Deterministic: nothing to store.
+//      Models without per-head QK-norm get s = 1 (centering only).
+//   mu from the first ubatch written into an empty cache, shrunk towards 0 as sum / (n + 16) so that a short first
+//      ubatch cannot make keys larger; fixed until the cache is empty again. It is part of the saved state.
+// Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
+// soft-capping (tanh is not shift-invariant). Equalization stays exact there.
+//
+// Policy: on for tq3/tq4 K by default; LLAMA_TQ_KEYS=auto|0|mean|eq|1 (common arg --tq-keys) overrides it.
+// Testing: LLAMA_TQ_KEYS_TEST_OFFSET=x adds a fixed pseudo-random vector of L2 norm x to every key of every TQ-K layer
+// (after RoPE, before the transforms), as a large common key offset (a K bias) would: tests/test_tq_keys.py.
+#pragma once
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+struct llama_model;
+struct llama_hparams;
+class llm_graph_result;
+class llama_io_write_i;
+class llama_io_read_i;
+
+class llama_tq_keys {
+public:
+    // Before the cache creates its layers: decides what is on for this model and K type.
+    void configure(const llama_hparams & hp, ggml_type type_k, bool allowed);
+    // For each layer the cache creates (buft: where that layer's K lives).
+    void add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa);
+    // After the layers: allocates mu/s on their devices and uploads s.
+    void allocate(const llama_model & model);
+
+    bool enabled() const { return center || equalize; }  // the transforms (not the test offset) are on
+
+    // The cache became empty: the next ubatch sets a new mu.
+    void reset() { mu_ready = false; }
+
+    // Graph: q' = q / s, k' = (k - mu) * s for layer il (before upstream's rotation). center = false where a shift of
+    // the logits is not exact (sinks, soft-capping). Adds a graph input that keeps a graph that sets mu from being
+    // reused once mu is set (and the reverse).
+    void apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor *& q, ggml_tensor *& k,
+               int32_t il, bool center) const;
+    // K-shift graph: stored keys of layer il back to true keys (x / s + mu) and forward again; cur is [n, H, cells].
+    ggml_tensor * to_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const;
+    ggml_tensor * from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const;
+
+    // Host: rows of stored keys (n_embd_k_gqa floats each, upstream's rotation already undone) back to true keys
+    // (TriAttention scores true keys).
+    void true_keys(int32_t il, float * rows, int64_t n_rows) const;
+
+    // State: written after the keys; a restore into a cache that holds other keys centered on a different mu fails.
+    void state_write(llama_io_write_i & io) const;
+    bool state_read(llama_io_read_i & io, bool cache_has_other_keys);
+
+    void set_mu_ready() const { mu_ready = true; }
+    bool is_mu_ready() const { return mu_ready; }
+
+private:
+    struct layer {
+        int32_t il;
+        int64_t n;                         // n_embd_k_gqa
+        ggml_backend_buffer_type_t buft;
+        ggml_tensor * t = nullptr;         // F32 [n, 4]: mu, s, 1/s, test offset
+        std::vector<float> s;              // host copy of s
+    };
+    ggml_tensor * row(ggml_context * ctx, const layer & L, int r, int64_t n_head_kv) const;
+
+    bool center = false;
+    float test_offset = 0.0f;
+    bool equalize = false;
+    int64_t head_dim = 0;
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;
+    std::map<int32_t, layer> layers;
+    std::vector<ggml_context *> ctxs;
+    std::vector<ggml_backend_buffer_t> bufs;
+    mutable bool mu_ready = false;
+
+public:
+    llama_tq_keys() = default;
+    llama_tq_keys(const llama_tq_keys &) = delete;
+    llama_tq_keys & operator=(const llama_tq_keys &) = delete;
+    ~llama_tq_keys();
+};
