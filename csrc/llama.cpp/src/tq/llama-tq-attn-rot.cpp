@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-bool llama_tq_attn_rot(ggml_type type, bool is_k) {
+bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_equalized) {
     if (type != GGML_TYPE_TQ3 && type != GGML_TYPE_TQ4) {
         return true;
     }
@@ -12,5 +12,5 @@ bool llama_tq_attn_rot(ggml_type type, bool is_k) {
     if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
         return std::strcmp(env, "1") == 0 || std::strcmp(env, is_k ? "k" : "v") == 0;
     }
-    return type == GGML_TYPE_TQ3 && is_k;
+    return type == GGML_TYPE_TQ3 && is_k && !keys_equalized;
 }

@@ -44,6 +44,9 @@ public:
     void allocate(const llama_model & model);
 
     bool enabled() const { return center || equalize; }  // the transforms (not the test offset) are on
+    // Equalized keys take upstream's Hadamard rotation on K off by default (llama-tq-attn-rot.h: measured, and it
+    // saves two mat-muls per layer).
+    bool equalizes() const { return equalize; }
 
     // The cache became empty: the next ubatch sets a new mu.
     void reset() { mu_ready = false; }
