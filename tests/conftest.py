@@ -24,7 +24,7 @@ def tree(base_tree: Path, tmp_path: Path) -> Path:
     """A private copy of the directories of the base that the series touches (enough for the patch applier)."""
     dst = tmp_path / "llama.cpp"
     dst.mkdir()
-    for d in ("ggml", "src", "common", "include", "tools/llama-bench", "tests"):
+    for d in ("ggml", "src", "common", "include", "tools/llama-bench", "tests", "cmake"):
         shutil.copytree(base_tree / d, dst / d, symlinks=True)
     for name in ("CMakeLists.txt", "LICENSE"):
         shutil.copy2(base_tree / name, dst / name)

@@ -47,6 +47,19 @@ def test_user_tree_is_checked_copied_and_left_alone(tree: Path, tmp_path: Path) 
     assert "up to date" in prepare.prepare(dest, src=tree)
 
 
+def test_user_tree_copy_keeps_build_info_sources(tree: Path, tmp_path: Path) -> None:
+    """Build-output folders (build/, build-*/) stay behind, but files named build-* are sources: llama.cpp's
+    cmake/build-info.cmake and common/build-info.cpp.in (the real tree has them; a copy without them fails to
+    configure, which a CUDA `pip install` with LLAMA_TQ_LLAMA_SRC once did)."""
+    assert (tree / "cmake/build-info.cmake").is_file() and (tree / "common/build-info.cpp.in").is_file()
+    (tree / "build-cuda").mkdir()
+    (tree / "build-cuda/junk.o").write_bytes(b"x")
+    dest = tmp_path / "build" / "llama.cpp-src"
+    prepare.prepare(dest, src=tree)
+    assert (dest / "cmake/build-info.cmake").is_file() and (dest / "common/build-info.cpp.in").is_file()
+    assert not (dest / "build-cuda").exists()
+
+
 def test_edited_csrc_is_refreshed_without_re_extracting(tree: Path, tmp_path: Path) -> None:
     good = patcher.load_series()
     root = tmp_path / "series"

@@ -22,7 +22,14 @@ from pathlib import Path
 
 from . import base, patcher
 
-_COPY_IGNORE = shutil.ignore_patterns(".git", "build", "build-*", "node_modules", "__pycache__")
+
+
+def _copy_ignore(root: str, names: list[str]) -> set[str]:
+    """VCS data and build-output folders stay behind; only folders: cmake/build-info.cmake and
+    common/build-info.cpp.in are sources every llama.cpp tree needs."""
+    out = {n for n in names if n in (".git", "node_modules", "__pycache__")}
+    out |= {n for n in names if (n == "build" or n.startswith("build-")) and os.path.isdir(os.path.join(root, n))}
+    return out
 
 
 def _inputs_digest(series: patcher.Series, src: Path | None) -> str:
@@ -104,7 +111,7 @@ def prepare(dest: Path, src: Path | None = None, series: patcher.Series | None =
     if src is None:
         base.extract_base(staging)
     else:
-        shutil.copytree(src, staging, symlinks=True, ignore=_COPY_IGNORE)
+        shutil.copytree(src, staging, symlinks=True, ignore=_copy_ignore)
     msg = patcher.apply(staging, series)
     if dest.is_dir():
         changed = _sync_tree(staging, dest)
