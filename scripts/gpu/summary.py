@@ -1,0 +1,67 @@
+"""Machine-readable summary of one run_cuda.sh run (issue 12): per K/V pair the FA decode times of the 4-sequence
+and 1-sequence cases (fa_perf.log, `perf` stage) and llama-bench's tg128 @ d0 / d32768 and pp512 @ d32768
+(llama_bench.md, `bench` stage), next to f16's values from the same run.
+
+    python3 scripts/gpu/summary.py RES_DIR > RES_DIR/summary.json
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+FA = re.compile(r"FLASH_ATTN_EXT\(hsk=128,hsv=128,nh=(\d+),nr23=\[4,(\d)\],kv=32768,nb=1,"
+                r".*?type_K=(\w+),type_V=(\w+),.*?([0-9.]+) us/run")  # fmt: skip
+ROW = re.compile(r"^\|(.+)\|\s*$")
+
+
+def fa_times(log: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for nh, nr3, tk, tv, us in FA.findall(log):
+        key = "fa_decode_us" if (nh, nr3) == ("8", "4") else "fa_decode_1seq_us" if (nh, nr3) == ("4", "1") else None
+        if key:
+            out.setdefault(f"{tk}/{tv}", {})[key] = float(us)
+    return out
+
+
+def bench_rates(md: str) -> dict[str, dict[str, float]]:
+    """llama-bench -o md tables; a table without type_k/type_v columns is f16/f16."""
+    out: dict[str, dict[str, float]] = {}
+    cols: list[str] = []
+    names = {"tg128": "tg128_d0", "tg128 @ d32768": "tg128_d32768", "pp512 @ d32768": "pp512_d32768",
+             "pp512": "pp512_d0"}  # fmt: skip
+    for line in md.splitlines():
+        m = ROW.match(line)
+        if not m:
+            continue
+        cells = [c.strip() for c in m.group(1).split("|")]
+        if "test" in cells:
+            cols = cells
+            continue
+        if not cols or set(cells[0]) <= {"-", ":"}:
+            continue
+        row = dict(zip(cols, cells, strict=False))
+        pair = f"{row.get('type_k', 'f16')}/{row.get('type_v', 'f16')}"
+        name = names.get(row["test"])
+        if name:
+            out.setdefault(pair, {})[name] = float(row["t/s"].split("±")[0])
+    return out
+
+
+def main() -> None:
+    res = Path(sys.argv[1])
+    data: dict[str, dict[str, float]] = {}
+    for part in (fa_times((res / "fa_perf.log").read_text()), bench_rates((res / "llama_bench.md").read_text())):
+        for pair, vals in part.items():
+            data.setdefault(pair, {}).update(vals)
+    f16 = data.get("f16/f16", {})
+    summary = {pair: vals if pair == "f16/f16" else {**vals, **{f"f16_{k}": v for k, v in f16.items()}}
+               for pair, vals in sorted(data.items())}  # fmt: skip
+    json.dump(summary, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
