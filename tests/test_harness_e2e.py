@@ -45,7 +45,8 @@ def test_ppl_smoke(text: Path, tmp_path: Path) -> None:
     rows = {r["config"]: r for r in data["results"]}
     assert set(rows) == {"f16/f16", "q4_0/q4_0", "tq3/tq3"}
     assert all(r["ok"] and r["ppl"] > 1 for r in rows.values())
-    assert rows["f16/f16"]["kld"] == 0 and rows["tq3/tq3"]["kld"] > rows["q4_0/q4_0"]["kld"] > 0
+    # tq3 with its key transforms lands near rotated q4_0 (16 chunks: 0.9x); issue 13's bound is 2.5x
+    assert rows["f16/f16"]["kld"] == 0 and 0 < rows["tq3/tq3"]["kld"] < 2.5 * rows["q4_0/q4_0"]["kld"]
     assert (tmp_path / "ppl.csv").read_text().count("\n") == 4 and (tmp_path / "kld_vs_bits.png").stat().st_size > 0
     assert "tq3/tq3" in proc.stdout and "KLD/ref" in proc.stdout  # the table
 

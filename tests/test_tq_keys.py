@@ -71,7 +71,8 @@ def test_bad_tq_keys_value_is_a_clear_error(text: Path) -> None:
 
 def test_common_key_offset_costs_nothing(text: Path) -> None:
     """A common offset of ~10x the mean key norm added to every key (after RoPE, as a K bias would; injected by
-    LLAMA_TQ_KEYS_TEST_OFFSET): measured here PPL 14.33 -> 14.32 with the transforms (upstream's K rotation on then), 20.96 -> 42,800 without.
+    LLAMA_TQ_KEYS_TEST_OFFSET): measured here PPL 14.33 -> 14.32 with the transforms
+    (upstream's K rotation on then), 20.96 -> 42,800 without.
     Gemma's keys are RMS-normalized per head and then scaled by the attn_k_norm gains g, so |k| ~ ||g||."""
     reader = gguf.GGUFReader(str(default_model()))
     gains = [np.asarray(t.data, dtype=np.float64) for t in reader.tensors if t.name.endswith("attn_k_norm.weight")]

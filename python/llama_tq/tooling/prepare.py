@@ -23,7 +23,6 @@ from pathlib import Path
 from . import base, patcher
 
 
-
 def _copy_ignore(root: str, names: list[str]) -> set[str]:
     """VCS data and build-output folders stay behind; only folders: cmake/build-info.cmake and
     common/build-info.cpp.in are sources every llama.cpp tree needs."""

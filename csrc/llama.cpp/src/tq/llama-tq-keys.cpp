@@ -149,7 +149,7 @@ void llama_tq_keys::allocate(const llama_model & model) {
             }
             ctxs.push_back(ctx);
         }
-        L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, 4);
+        L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, 5);
         ggml_format_name(L.t, "tq_keys_l%d", il);
     }
     for (auto & [buft, ctx] : by_buft) {
@@ -181,6 +181,24 @@ void llama_tq_keys::allocate(const llama_model & model) {
         }
         ggml_backend_tensor_set(L.t, L.s.data(), (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         ggml_backend_tensor_set(L.t, inv.data(), 2 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        // Centering mask: a post-RoPE mean only stays aligned with the keys on RoPE pairs that turn by at most ~1 rad
+        // over the trained context (a static offset rotated by d rad is left as 2 sin(d/2) of itself, worse than
+        // not centering past pi/3). Other pairs keep mu = 0: the mean of a fast pair over the first ubatch is ~0
+        // anyway, and a slow-but-not-static pair would be pushed away from mu at long context.
+        {
+            const auto & hp = model.hparams;
+            const bool swa = hp.is_swa((uint32_t) il);
+            const double base = swa ? hp.rope_freq_base_train_swa : hp.rope_freq_base_train;
+            const double fscale = swa ? hp.rope_freq_scale_train_swa : hp.rope_freq_scale_train;
+            std::vector<float> keep((size_t) L.n, 1.0f);
+            for (int64_t c = 0; hp.has_rope((uint32_t) il) && c < L.n; ++c) {
+                const int64_t d = c % head_dim;
+                const int64_t pair = neox ? d % (head_dim / 2) : d / 2;
+                const double theta = fscale * std::pow(base, -2.0 * (double) pair / (double) head_dim);
+                keep[c] = theta * (double) hp.n_ctx_train <= 1.0 ? 1.0f : 0.0f;
+            }
+            ggml_backend_tensor_set(L.t, keep.data(), 4 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        }
         if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head), norm test_offset
             std::mt19937 rng((uint32_t) il + 1);
             std::normal_distribution<float> gauss;
@@ -238,7 +256,7 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
             // mean over the ubatch's tokens, shrunk towards 0: sum / (n + 16)
             ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k, 1, 2, 0, 3));  // [T, D, H]
             ggml_tensor * m = ggml_scale(ctx, ggml_sum_rows(ctx, kt), 1.0f / (float) (k->ne[2] + 16));
-            m = ggml_reshape_3d(ctx, m, head_dim, hkv, 1);
+            m = ggml_mul(ctx, ggml_reshape_3d(ctx, m, head_dim, hkv, 1), row(ctx, L, 4, hkv));  // slow pairs only
             ggml_build_forward_expand(gf, ggml_cpy(ctx, m, mu));
             mu = m;
         }

@@ -12,7 +12,9 @@
 //      rotates stored keys), geometric mean 1, clipped to [1/16, 16]. Deterministic: nothing to store.
 //      Models without per-head QK-norm get s = 1 (centering only).
 //   mu from the first ubatch written into an empty cache, shrunk towards 0 as sum / (n + 16) so that a short first
-//      ubatch cannot make keys larger; fixed until the cache is empty again. It is part of the saved state.
+//      ubatch cannot make keys larger, on the RoPE pairs that turn by at most 1 rad over the trained context (a
+//      post-RoPE mean of faster pairs would not stay aligned with later keys); fixed until the cache is empty
+//      again. It is part of the saved state.
 // Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
@@ -76,7 +78,7 @@ private:
         int32_t il;
         int64_t n;                         // n_embd_k_gqa
         ggml_backend_buffer_type_t buft;
-        ggml_tensor * t = nullptr;         // F32 [n, 4]: mu, s, 1/s, test offset
+        ggml_tensor * t = nullptr;         // F32 [n, 5]: mu, s, 1/s, test offset, centering mask
         std::vector<float> s;              // host copy of s
     };
     ggml_tensor * row(ggml_context * ctx, const layer & L, int r, int64_t n_head_kv) const;
