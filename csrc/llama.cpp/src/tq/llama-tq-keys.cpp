@@ -185,6 +185,7 @@ void llama_tq_keys::allocate(const llama_model & model) {
         // over the trained context (a static offset rotated by d rad is left as 2 sin(d/2) of itself, worse than
         // not centering past pi/3). Other pairs keep mu = 0: the mean of a fast pair over the first ubatch is ~0
         // anyway, and a slow-but-not-static pair would be pushed away from mu at long context.
+        std::vector<float> test_keep;
         {
             const auto & hp = model.hparams;
             const bool swa = hp.is_swa((uint32_t) il);
@@ -198,19 +199,20 @@ void llama_tq_keys::allocate(const llama_model & model) {
                 keep[c] = theta * (double) hp.n_ctx_train <= 1.0 ? 1.0f : 0.0f;
             }
             ggml_backend_tensor_set(L.t, keep.data(), 4 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+            test_keep = keep;
         }
-        if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head), norm test_offset
+        if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head) on the slow pairs, norm test_offset
             std::mt19937 rng((uint32_t) il + 1);
             std::normal_distribution<float> gauss;
             std::vector<float> o((size_t) L.n);
             for (int64_t h = 0; h < L.n / head_dim; ++h) {
                 double ss = 0.0;
-                for (int64_t c = 0; c < head_dim; ++c) {
-                    o[h * head_dim + c] = gauss(rng);
+                for (int64_t c = 0; c < head_dim; ++c) {  // where a K bias added before RoPE stays put after it
+                    o[h * head_dim + c] = gauss(rng) * test_keep[h * head_dim + c];
                     ss += (double) o[h * head_dim + c] * o[h * head_dim + c];
                 }
                 for (int64_t c = 0; c < head_dim; ++c) {
-                    o[h * head_dim + c] *= (float) (test_offset / std::sqrt(ss));
+                    o[h * head_dim + c] = ss > 0.0 ? (float) (o[h * head_dim + c] * test_offset / std::sqrt(ss)) : 0.0f;
                 }
             }
             ggml_backend_tensor_set(L.t, o.data(), 3 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));

@@ -19,8 +19,10 @@
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
 // Policy: on for tq3/tq4 K by default; LLAMA_TQ_KEYS=auto|0|mean|eq|1 (common arg --tq-keys) overrides it.
-// Testing: LLAMA_TQ_KEYS_TEST_OFFSET=x adds a fixed pseudo-random vector of L2 norm x to every key of every TQ-K layer
-// (after RoPE, before the transforms), as a large common key offset (a K bias) would: tests/test_tq_keys.py.
+// Testing: LLAMA_TQ_KEYS_TEST_OFFSET=x adds a fixed pseudo-random vector of L2 norm x per head to every key (after
+// RoPE, before the transforms) on the RoPE pairs where a K bias added before RoPE stays a common offset after it
+// (those that turn by at most 1 rad over the trained context; layers without such pairs get none), as a large
+// K bias would: tests/test_tq_keys.py. A bias on faster pairs rotates with the position: no fixed mu removes it.
 #pragma once
 
 #include "ggml-backend.h"
