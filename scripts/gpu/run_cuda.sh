@@ -86,14 +86,15 @@ stage_ppl() {
         cat "$W"/model.part* > "$model" 2>/dev/null || cat .gpu/model.part* > "$model"
     fi
     [ "$(sha256sum "$model" | cut -d' ' -f1)" = "$(cat .gpu/model.sha256)" ] || { echo "model pieces incomplete"; return 1; }
-    local run kv ngl rc=0
+    local run kv ngl log rc=0
     for run in ${PPL_RUNS:-f16 tq3 tq3@nokeys}; do
         kv=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
         for ngl in 99 0; do
+            log="$RES/ppl_${run/@/_}_ngl$ngl.log" # no '@' in file names: the device tool refuses them
             LLAMA_TQ_KEYS=$([ "$kv" = "$run" ] && echo auto || echo 0) \
                 "$bin/llama-perplexity" -m "$model" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 -fa on \
-                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$RES/ppl_${run/@/_}_ngl$ngl.log" 2>&1 || rc=1
-            printf 'ppl %-11s ngl %-2s %s\n' "$run" "$ngl" "$(grep 'Final estimate' "$RES/ppl_${run/@/_}_ngl$ngl.log")"
+                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$log" 2>&1 || rc=1
+            printf 'ppl %-11s ngl %-2s %s\n' "$run" "$ngl" "$(grep 'Final estimate' "$log")"
         done
     done
     return "$rc"

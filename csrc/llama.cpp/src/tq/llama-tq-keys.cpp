@@ -149,7 +149,7 @@ void llama_tq_keys::allocate(const llama_model & model) {
             }
             ctxs.push_back(ctx);
         }
-        L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, 5);
+        L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, N_ROWS);
         ggml_format_name(L.t, "tq_keys_l%d", il);
     }
     for (auto & [buft, ctx] : by_buft) {
@@ -179,8 +179,8 @@ void llama_tq_keys::allocate(const llama_model & model) {
             L.s[c] = s1[(size_t) (c % head_dim)];
             inv[c] = 1.0f / L.s[c];
         }
-        ggml_backend_tensor_set(L.t, L.s.data(), (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
-        ggml_backend_tensor_set(L.t, inv.data(), 2 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        ggml_backend_tensor_set(L.t, L.s.data(), ROW_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        ggml_backend_tensor_set(L.t, inv.data(), ROW_INV_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         // Centering mask: a post-RoPE mean only stays aligned with the keys on RoPE pairs that turn by at most ~1 rad
         // over the trained context (a static offset rotated by d rad is left as 2 sin(d/2) of itself, worse than
         // not centering past pi/3). Other pairs keep mu = 0: the mean of a fast pair over the first ubatch is ~0
@@ -198,8 +198,9 @@ void llama_tq_keys::allocate(const llama_model & model) {
                 const double theta = fscale * std::pow(base, -2.0 * (double) pair / (double) head_dim);
                 keep[c] = theta * (double) hp.n_ctx_train <= 1.0 ? 1.0f : 0.0f;
             }
-            ggml_backend_tensor_set(L.t, keep.data(), 4 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
-            test_keep = keep;
+            ggml_backend_tensor_set(L.t, keep.data(), ROW_CENTER_MASK * (size_t) L.n * sizeof(float),
+                                    (size_t) L.n * sizeof(float));
+            test_keep = std::move(keep);
         }
         if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head) on the slow pairs, norm test_offset
             std::mt19937 rng((uint32_t) il + 1);
@@ -215,7 +216,7 @@ void llama_tq_keys::allocate(const llama_model & model) {
                     o[h * head_dim + c] = ss > 0.0 ? (float) (o[h * head_dim + c] * test_offset / std::sqrt(ss)) : 0.0f;
                 }
             }
-            ggml_backend_tensor_set(L.t, o.data(), 3 * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+            ggml_backend_tensor_set(L.t, o.data(), ROW_TEST_OFFSET * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         }
     }
     if (equalize && n_eq == 0) {
@@ -224,22 +225,28 @@ void llama_tq_keys::allocate(const llama_model & model) {
     }
 }
 
-ggml_tensor * llama_tq_keys::row(ggml_context * ctx, const layer & L, int r, int64_t n_head_kv) const {
+const llama_tq_keys::layer * llama_tq_keys::find(int32_t il) const {
+    const auto it = layers.find(il);
+    return it == layers.end() ? nullptr : &it->second;
+}
+
+// Row r of layer L as [head_dim, n_head_kv, 1]: broadcasts over the tokens of a [head_dim, n_head_kv, T] tensor.
+ggml_tensor * llama_tq_keys::row(ggml_context * ctx, const layer & L, row_id r) const {
     const size_t f = sizeof(float);
-    return ggml_view_3d(ctx, L.t, head_dim, n_head_kv, 1, head_dim * f, L.n * f, r * L.n * f);
+    return ggml_view_3d(ctx, L.t, head_dim, L.n / head_dim, 1, head_dim * f, L.n * f, r * L.n * f);
 }
 
 void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor *& q,
                           ggml_tensor *& k, int32_t il, bool center_ok) const {
-    const auto it = layers.find(il);
-    if (it == layers.end()) {
+    const layer * lp = find(il);
+    if (lp == nullptr) {
         return;
     }
-    const layer & L = it->second;
+    const layer & L = *lp;
     const int64_t hkv = L.n / head_dim;
     const size_t f = sizeof(float);
     if (test_offset > 0.0f) {
-        k = ggml_add(ctx, k, row(ctx, L, 3, hkv));
+        k = ggml_add(ctx, k, row(ctx, L, ROW_TEST_OFFSET));
     }
     if (equalize) {
         q = ggml_is_contiguous(q) ? q : ggml_cont(ctx, q);
@@ -247,18 +254,19 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
         const int64_t nt = q->ne[2];
         // query head h reads KV head h / (nh / hkv), as ggml's broadcast in attention does
         ggml_tensor * q4 = ggml_reshape_4d(ctx, q, head_dim, nh / hkv, hkv, nt);
-        ggml_tensor * inv = ggml_view_4d(ctx, L.t, head_dim, 1, hkv, 1, head_dim * f, head_dim * f, L.n * f, 2 * L.n * f);
+        ggml_tensor * inv =
+            ggml_view_4d(ctx, L.t, head_dim, 1, hkv, 1, head_dim * f, head_dim * f, L.n * f, ROW_INV_S * L.n * f);
         q = ggml_reshape_3d(ctx, ggml_mul(ctx, q4, inv), head_dim, nh, nt);
     }
     if (center && center_ok) {
         k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
         const bool sets_mu = !mu_ready;
-        ggml_tensor * mu = row(ctx, L, 0, hkv);
+        ggml_tensor * mu = row(ctx, L, ROW_MU);
         if (sets_mu) {
             // mean over the ubatch's tokens, shrunk towards 0: sum / (n + 16)
             ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k, 1, 2, 0, 3));  // [T, D, H]
             ggml_tensor * m = ggml_scale(ctx, ggml_sum_rows(ctx, kt), 1.0f / (float) (k->ne[2] + 16));
-            m = ggml_mul(ctx, ggml_reshape_3d(ctx, m, head_dim, hkv, 1), row(ctx, L, 4, hkv));  // slow pairs only
+            m = ggml_mul(ctx, ggml_reshape_3d(ctx, m, head_dim, hkv, 1), row(ctx, L, ROW_CENTER_MASK));  // slow pairs only
             ggml_build_forward_expand(gf, ggml_cpy(ctx, m, mu));
             mu = m;
         }
@@ -266,40 +274,32 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
         res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu));
     }
     if (equalize) {
-        k = ggml_mul(ctx, k, row(ctx, L, 1, hkv));
+        k = ggml_mul(ctx, k, row(ctx, L, ROW_S));
     }
 }
 
 ggml_tensor * llama_tq_keys::to_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
-    const auto it = layers.find(il);
-    if (it == layers.end()) {
-        return cur;
+    const layer * L = find(il);
+    if (L != nullptr && equalize) {
+        cur = ggml_mul(ctx, cur, row(ctx, *L, ROW_INV_S));
     }
-    const int64_t hkv = it->second.n / head_dim;
-    if (equalize) {
-        cur = ggml_mul(ctx, cur, row(ctx, it->second, 2, hkv));
-    }
-    return center ? ggml_add(ctx, cur, row(ctx, it->second, 0, hkv)) : cur;
+    return L != nullptr && center ? ggml_add(ctx, cur, row(ctx, *L, ROW_MU)) : cur;
 }
 
 ggml_tensor * llama_tq_keys::from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
-    const auto it = layers.find(il);
-    if (it == layers.end()) {
-        return cur;
+    const layer * L = find(il);
+    if (L != nullptr && center) {
+        cur = ggml_sub(ctx, cur, row(ctx, *L, ROW_MU));
     }
-    const int64_t hkv = it->second.n / head_dim;
-    if (center) {
-        cur = ggml_sub(ctx, cur, row(ctx, it->second, 0, hkv));
-    }
-    return equalize ? ggml_mul(ctx, cur, row(ctx, it->second, 1, hkv)) : cur;
+    return L != nullptr && equalize ? ggml_mul(ctx, cur, row(ctx, *L, ROW_S)) : cur;
 }
 
 void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
-    const auto it = layers.find(il);
-    if (it == layers.end()) {
+    const layer * lp = find(il);
+    if (lp == nullptr) {
         return;
     }
-    const layer & L = it->second;
+    const layer & L = *lp;
     std::vector<float> mu((size_t) L.n, 0.0f);
     if (center) {
         ggml_backend_tensor_get(L.t, mu.data(), 0, mu.size() * sizeof(float));

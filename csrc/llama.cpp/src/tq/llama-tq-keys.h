@@ -80,10 +80,12 @@ private:
         int32_t il;
         int64_t n;                         // n_embd_k_gqa
         ggml_backend_buffer_type_t buft;
-        ggml_tensor * t = nullptr;         // F32 [n, 5]: mu, s, 1/s, test offset, centering mask
+        ggml_tensor * t = nullptr;         // F32 [n, N_ROWS]: the rows of row_id
         std::vector<float> s;              // host copy of s
     };
-    ggml_tensor * row(ggml_context * ctx, const layer & L, int r, int64_t n_head_kv) const;
+    enum row_id { ROW_MU, ROW_S, ROW_INV_S, ROW_TEST_OFFSET, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
+    const layer * find(int32_t il) const;  // nullptr where layer il has no transforms
+    ggml_tensor * row(ggml_context * ctx, const layer & L, row_id r) const;
 
     bool center = false;
     float test_offset = 0.0f;
