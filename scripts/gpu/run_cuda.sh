@@ -7,6 +7,7 @@
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
+#   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
 # Environment: OPS (ops stage op list), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
@@ -38,6 +39,7 @@ stage_build() {
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit" > "$RES/build.log" 2>&1 || return 1
     /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" test-backend-ops llama-bench llama-perplexity \
+        llama-completion llama-tokenize \
         >> "$RES/build.log" 2>&1
     local rc=$?
     tail -1 "$RES/build.log"
@@ -80,12 +82,18 @@ stage_kernel() {
     "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'
 }
 
-stage_ppl() {
+# The default model, joined from the pieces pack.sh made (carried now, or left in $W by an earlier command).
+join_model() {
     local model="$W/model.gguf"
     if [ ! -f "$model" ]; then
         cat "$W"/model.part* > "$model" 2>/dev/null || cat .gpu/model.part* > "$model"
     fi
     [ "$(sha256sum "$model" | cut -d' ' -f1)" = "$(cat .gpu/model.sha256)" ] || { echo "model pieces incomplete"; return 1; }
+}
+
+stage_ppl() {
+    local model="$W/model.gguf"
+    join_model || return 1
     local run kv ngl log rc=0
     for run in ${PPL_RUNS:-f16 tq3 tq3@nokeys}; do
         kv=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
@@ -96,6 +104,27 @@ stage_ppl() {
                 -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$log" 2>&1 || rc=1
             printf 'ppl %-11s ngl %-2s %s\n' "$run" "$ngl" "$(grep 'Final estimate' "$log")"
         done
+    done
+    return "$rc"
+}
+
+stage_niah() {
+    join_model || return 1
+    ln -sfn "$bin" python/llama_tq/bin # the harness runs the tools of its package's bin/
+    if ! python3 -c 'import sys; sys.path.insert(0, "python"); import llama_tq._codec' 2> /dev/null; then
+        gcc -O2 -std=c11 -ffp-contract=off -fPIC -c csrc/codec/tq_codec.c -o "$W/tq_codec_pic.o" || return 1
+        g++ -O2 -std=c++17 -shared -fPIC $(python3 -m pybind11 --includes) -Icsrc/codec csrc/python/tq_pymodule.cpp \
+            "$W/tq_codec_pic.o" -o "python/llama_tq/_codec$(python3-config --extension-suffix)" || return 1
+    fi
+    local ctx needle i=0 rc=0
+    for ctx in ${NIAH_CTX:-16384}; do
+        while IFS= read -r needle; do
+            i=$((i + 1))
+            PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq niah --model "$W/model.gguf" --ctx "$ctx" \
+                --kv "${NIAH_KV:-f16/f16,tq3/tq3}" --positions "${NIAH_POS:-start,middle,end}" --needle "$needle" \
+                -t "$(nproc)" --extra='-ngl 99' --out "$RES/niah_${ctx}_$i" > "$RES/niah_${ctx}_$i.txt" 2>&1 || rc=1
+            sed -n '/^config/,$p' "$RES/niah_${ctx}_$i.txt"
+        done <<< "${NIAH_NEEDLES:-The secret code word is PURPLE ELEPHANT 7742.}"
     done
     return "$rc"
 }
