@@ -53,8 +53,10 @@ def bench_rates(md: str) -> dict[str, dict[str, float]]:
 def main() -> None:
     res = Path(sys.argv[1])
     data: dict[str, dict[str, float]] = {}
-    for part in (fa_times((res / "fa_perf.log").read_text()), bench_rates((res / "llama_bench.md").read_text())):
-        for pair, vals in part.items():
+    for log, parse in (("fa_perf.log", fa_times), ("llama_bench.md", bench_rates)):
+        if not (res / log).is_file():  # a run of only some stages
+            continue
+        for pair, vals in parse((res / log).read_text()).items():
             data.setdefault(pair, {}).update(vals)
     f16 = data.get("f16/f16", {})
     summary = {pair: vals if pair == "f16/f16" else {**vals, **{f"f16_{k}": v for k, v in f16.items()}}

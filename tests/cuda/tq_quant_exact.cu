@@ -18,24 +18,16 @@
 #include "cuda_check.cuh"
 
 template <int BITS>
-__global__ void k_quant(const float * x, uint8_t * out, int64_t n, tq_cu_tables tab) {
+__global__ void k_quant(const float * x, uint8_t * out, int64_t n, const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
-    __shared__ double ds[4][2 * TQ_BLOCK];
-    __shared__ uint8_t is[4][TQ_BLOCK];
-    if (threadIdx.x == 0) {
-        t = tab;
-    }
+    __shared__ tq_cu_qscratch sm;
+    tq_cu_tables_load(t, tab, threadIdx.x);
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t b = (int64_t) blockIdx.x * 4 + warp;
+    const int64_t b = blockIdx.x; // one CTA per block, as ggml-cuda's SET_ROWS
     if (b >= n) {
         return;
     }
-    float v[4];
-    for (int r = 0; r < 4; ++r) {
-        v[r] = x[b * TQ_BLOCK + lane + 32 * r];
-    }
-    tq_cu_quantize_block<BITS>(t, v, out + b * tq_cu_block_bytes(BITS), ds[warp], is[warp], lane);
+    tq_cu_quantize_block<BITS>(t, x[b * TQ_BLOCK + threadIdx.x], out + b * tq_cu_block_bytes(BITS), sm, threadIdx.x);
 }
 
 template <int BITS>
@@ -118,7 +110,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     CK(cudaMalloc(&dq, gpu.size()));
     CK(cudaMalloc(&dy, x.size() * sizeof(float)));
     CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-    k_quant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dx, dq, n, tab);
+    k_quant<BITS><<<(unsigned) n, 128>>>(dx, dq, n, tab);
     CK(cudaGetLastError());
     CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));
     // speed: a decode token's write (4 blocks: one per KV head, one launch) and the whole batch
@@ -130,14 +122,14 @@ static int check(int64_t n, const tq_cu_tables & tab) {
         const int reps = 200;
         CK(cudaEventRecord(a));
         for (int i = 0; i < reps; ++i) {
-            k_quant<BITS><<<1, 128>>>(dx, dq, std::min<int64_t>(n, 4), tab);
+            k_quant<BITS><<<(unsigned) std::min<int64_t>(n, 4), 128>>>(dx, dq, std::min<int64_t>(n, 4), tab);
         }
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         CK(cudaEventElapsedTime(&us_small, a, b));
         us_small *= 1000.0f / reps;
         CK(cudaEventRecord(a));
-        k_quant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dx, dq, n, tab);
+        k_quant<BITS><<<(unsigned) n, 128>>>(dx, dq, n, tab);
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         CK(cudaEventElapsedTime(&us_all, a, b));

@@ -18,7 +18,9 @@ static const tq_cu_tables & tq_tables() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Quantize rows: one warp per 128-value block. Row i1 of the source goes to row ids[i1] (SET_ROWS) or i1 (CPY).
+// Quantize rows: one CTA of 128 threads per 128-value block (a decode step writes a few blocks per launch, so
+// the latency of one block is what counts). Row i1 of the source goes to row ids[i1] (SET_ROWS) or i1 (CPY).
+// Dequantize: one warp per block.
 
 struct tq_rows_shape {
     int64_t nblk;          // blocks per row
@@ -29,12 +31,11 @@ struct tq_rows_shape {
     int64_t ine1, ine2;    // index broadcast sizes
 };
 
-// Where the calling warp's block sits: block ib of row i1 of plane (i2, i3). False past the last block.
+// Where block g (of all rows) sits: block ib of row i1 of plane (i2, i3). False past the last block.
 struct tq_rows_pos {
     int64_t ib, i1, i2, i3;
 };
-static __device__ __forceinline__ bool tq_rows_locate(const tq_rows_shape & sh, tq_rows_pos & p) {
-    const int64_t g = (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5);
+static __device__ __forceinline__ bool tq_rows_locate(const tq_rows_shape & sh, int64_t g, tq_rows_pos & p) {
     if (g >= sh.nblk * sh.ne1 * sh.ne2 * sh.ne3) {
         return false;
     }
@@ -55,28 +56,22 @@ static __device__ __forceinline__ int64_t tq_rows_id(const char * ids, const tq_
 
 template <int BITS, typename src_t, typename idx_t>
 static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
-                                                                 const tq_rows_shape sh, const tq_cu_tables tab) {
+                                                                 const tq_rows_shape sh,
+                                                                 const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
-    __shared__ double ds[4][2 * TQ_BLOCK];
-    __shared__ uint8_t is[4][TQ_BLOCK];
-    if (threadIdx.x == 0) {
-        t = tab;
-    }
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ tq_cu_qscratch sm;
+    const int tid = threadIdx.x;
+    tq_cu_tables_load(t, tab, tid);
     tq_rows_pos p;
-    if (!tq_rows_locate(sh, p)) {
-        return;
+    if (!tq_rows_locate(sh, blockIdx.x, p)) {
+        return; // uniform over the CTA
     }
     const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
     const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * TQ_BLOCK;
-    float v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        v[k] = (float) x[lane + 32 * k];
-    }
+    const float v = (float) x[tid];
     uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * tq_cu_block_bytes(BITS);
-    tq_cu_quantize_block<BITS>(t, v, out, ds[warp], is[warp], lane);
+    __syncthreads(); // the tables
+    tq_cu_quantize_block<BITS>(t, v, out, sm, tid);
 }
 
 template <typename src_t, typename idx_t>
@@ -86,7 +81,7 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
     if (n == 0) {
         return;
     }
-    const dim3 grid((unsigned) ((n + 3) / 4));
+    const dim3 grid((unsigned) n);
     if (type == GGML_TYPE_TQ3) {
         k_tq_quantize_rows<3, src_t, idx_t><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
     } else {
@@ -100,15 +95,14 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
 
 template <int BITS, typename dst_t, bool IDS>
 static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * src, const char * ids, char * dst,
-                                                                   const tq_rows_shape sh, const tq_cu_tables tab) {
+                                                                   const tq_rows_shape sh,
+                                                                   const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
-    if (threadIdx.x == 0) {
-        t = tab;
-    }
+    tq_cu_tables_load(t, tab, threadIdx.x);
     __syncthreads();
     const int lane = threadIdx.x & 31;
     tq_rows_pos p;
-    if (!tq_rows_locate(sh, p)) {
+    if (!tq_rows_locate(sh, (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5), p)) { // one warp per block
         return;
     }
     const int64_t row = IDS ? tq_rows_id<int32_t>(ids, sh, p) : p.i1;
@@ -142,7 +136,7 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
 static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_rows_shape sh, int bb) {
     const int lane = threadIdx.x & 31;
     tq_rows_pos p;
-    if (!tq_rows_locate(sh, p)) {
+    if (!tq_rows_locate(sh, (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5), p)) { // one warp per block
         return;
     }
     const char * s = src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3 + p.ib * bb;

@@ -5,8 +5,8 @@
 // otherwise flush subnormals (-ftz) and fuse multiply-adds (-fmad), and either changes bytes. The tables come
 // from the codec at run time (tq_cu_tables_init), so there is one copy of every constant.
 //
-// Lane l of the warp holds the values l, l + 32, l + 64, l + 96 of a block: value l + 32r is value l of
-// sub-block r, which is how the sub-block search and the Walsh-Hadamard butterflies split across lanes.
+// Quantizing runs a block on a CTA of 128 threads (thread i holds value i); dequantizing on one warp, where lane l
+// holds the values l, l + 32, l + 64, l + 96 (value l + 32r is value l of sub-block r).
 #pragma once
 
 #include <cstdint>
@@ -107,18 +107,6 @@ static __device__ __forceinline__ void tq_cu_fwht_warp(float v[4], int lane) {
     v[0] = tq_fadd(a, c); v[2] = tq_fsub(a, c); v[1] = tq_fadd(b, d); v[3] = tq_fsub(b, d);
 }
 
-// The codec's canonical sum of one sub-block's 32 squared errors (lane l holds e_l): 8 running lanes
-// b = i mod 8 summed in i order, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Result in every lane.
-static __device__ __forceinline__ float tq_cu_subblock_err(float e) {
-    float t = tq_fadd(e, __shfl_down_sync(0xffffffffu, e, 8));
-    t = tq_fadd(t, __shfl_down_sync(0xffffffffu, e, 16));
-    t = tq_fadd(t, __shfl_down_sync(0xffffffffu, e, 24));
-    float u = tq_fadd(t, __shfl_down_sync(0xffffffffu, t, 4));
-    u = tq_fadd(u, __shfl_down_sync(0xffffffffu, u, 2));
-    u = tq_fadd(u, __shfl_down_sync(0xffffffffu, u, 1));
-    return __shfl_sync(0xffffffffu, u, 0);
-}
-
 // Sequential double sum in index order (the codec's loop), done by lane 0 from shared scratch. Unrolled so the
 // shared loads are issued ahead of the dependent adds (same adds, same order: the result is bit-identical).
 static __device__ __forceinline__ double tq_cu_seq_sum(const double * s) {
@@ -140,136 +128,157 @@ static __device__ __forceinline__ void tq_cu_seq_sum2(const double * s, const do
     }
 }
 
-// Quantizes one block; x[r] = value lane + 32r. scratch: 2*128 doubles + 128 bytes of shared memory per warp.
-// out: the block's bytes (any alignment).
+// Shared memory of one block's quantization (one CTA of 128 threads per block).
+struct tq_cu_qscratch {
+    double   d[2][TQ_BLOCK]; // products for the codec's sequential double sums
+    float    y[4][33];       // rotated values by sub-block (padded: the search's two lanes of a pair hit other banks)
+    uint8_t  idx[TQ_BLOCK];
+    uint32_t pick[4];
+    double   bcast;
+};
+
+// Copies the tables into shared memory, a word per thread (a by-value kernel parameter: __grid_constant__).
+static __device__ __forceinline__ void tq_cu_tables_load(tq_cu_tables & dst, const tq_cu_tables & src, int tid) {
+    static_assert(sizeof(tq_cu_tables) % 4 == 0 && sizeof(tq_cu_tables) / 4 <= TQ_BLOCK, "tables: one word a thread");
+    if (tid < (int) (sizeof(tq_cu_tables) / 4)) {
+        reinterpret_cast<uint32_t *>(&dst)[tid] = reinterpret_cast<const uint32_t *>(&src)[tid];
+    }
+}
+
+// Quantizes one block with a CTA of 128 threads: thread i holds value i (its warp is sub-block i / 32). Every
+// thread of the CTA must call it (it synchronizes the CTA). out: the block's bytes (any alignment).
+// The multiplier search runs in parallel: in warp r, lanes 2j and 2j + 1 sum the even and odd canonical
+// accumulators of multiplier j for sub-block r, then a (error, j) minimum over the warp picks the codec's winner
+// (the first j with the smallest error). The double sums stay sequential in index order, as the codec's are.
 template <int BITS>
-static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, const float x[4], uint8_t * out,
-                                            double * dscratch, uint8_t * iscratch, int lane) {
+static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uint8_t * out, tq_cu_qscratch & sm,
+                                            int tid) {
     constexpr int NB = (1 << BITS) - 1;
     const float * cent  = BITS == 3 ? t.cent3 : t.cent4;
     const float * bound = BITS == 3 ? t.bound3 : t.bound4;
+    const int w = tid >> 5, lane = tid & 31;
 
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        dscratch[lane + 32 * r] = __dmul_rn(tq_f2d(x[r]), tq_f2d(x[r]));
+    sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
+    __syncthreads();
+    if (tid == 0) {
+        sm.bcast = tq_cu_seq_sum(sm.d[0]);
     }
-    __syncwarp();
-    double ss = lane == 0 ? tq_cu_seq_sum(dscratch) : 0.0;
-    ss = __shfl_sync(0xffffffffu, ss, 0);
-    __syncwarp();
+    __syncthreads();
+    const double ss = sm.bcast;
 
-    uint8_t idx[4] = {0, 0, 0, 0};
-    uint32_t subs = 0;
-    uint16_t scale_bits;
-    if (!isfinite(ss)) {
+    uint32_t idx = 0, pick = 0;
+    uint16_t scale_bits = 0;
+    if (!isfinite(ss)) { // uniform over the CTA
         scale_bits = tq_cu_fp32_to_bf16(__uint_as_float(0x7fc00000u));
     } else {
         const double norm = __dsqrt_rn(ss);
-        float y[4];
+        float y = norm > 0.0 ? tq_d2f(__ddiv_rn(tq_f2d(x), norm)) : 0.0f;
+        y = tq_fmul(y, tq_cu_sign(t, tid));
+        // the codec's butterflies: strides 1..16 inside the warp, 32 and 64 across warps through shared memory
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            y[r] = norm > 0.0 ? tq_d2f(__ddiv_rn(tq_f2d(x[r]), norm)) : 0.0f;
-            y[r] = tq_fmul(y[r], tq_cu_sign(t, lane + 32 * r));
+        for (int h = 1; h < 32; h <<= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, y, h);
+            y = (lane & h) ? tq_fsub(o, y) : tq_fadd(y, o);
         }
-        tq_cu_fwht_warp(y, lane);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            y[r] = tq_fmul(y[r], TQ_WHT_NORM);
+        for (int hw = 1; hw <= 2; hw <<= 1) {
+            sm.y[w][lane] = y;
+            __syncthreads();
+            const float o = sm.y[w ^ hw][lane];
+            y = (w & hw) ? tq_fsub(o, y) : tq_fadd(y, o);
+            __syncthreads();
         }
+        y = tq_fmul(y, TQ_WHT_NORM);
+        sm.y[w][lane] = y;
+        __syncthreads();
 
-        // The 16 multipliers are tried in the codec's order for each sub-block; the 4 sub-blocks run side by
-        // side so their shuffle chains overlap (one warp's latency, not four).
-        uint32_t pick[4] = {0, 0, 0, 0};
-        float best_err[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            best_err[r] = __uint_as_float(0x7f800000u);
-        }
-        for (uint32_t j = 0; j < 16; ++j) {
+        {
+            const uint32_t j = (uint32_t) lane >> 1;
+            const int half = lane & 1;
             const float m = t.sub[j];
             float bm[NB];
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
                 bm[b] = tq_fmul(m, bound[b]);
             }
-            int k[4];
-            float err[4];
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // canonical accumulator 2a + half
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                k[r] = 0;
+            for (int i = half; i < TQ_SUBBLOCK; i += 2) {
+                const float v = sm.y[w][i];
+                int k = 0;
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
-                    k[r] += tq_fgt(y[r], bm[b]);
+                    k += tq_fgt(v, bm[b]);
                 }
-                const float d = tq_fsub(y[r], tq_fmul(m, cent[k[r]]));
-                err[r] = tq_cu_subblock_err(tq_fmul(d, d));
+                const float d = tq_fsub(v, tq_fmul(m, cent[k]));
+                acc[(i & 7) >> 1] = tq_fadd(acc[(i & 7) >> 1], tq_fmul(d, d));
             }
+            // ((l0+l4)+(l2+l6)) on even lanes, ((l1+l5)+(l3+l7)) on odd lanes, then even + odd
+            const float part = tq_fadd(tq_fadd(acc[0], acc[2]), tq_fadd(acc[1], acc[3]));
+            const float other = __shfl_xor_sync(0xffffffffu, part, 1);
+            float err = half ? tq_fadd(other, part) : tq_fadd(part, other);
+            uint32_t jb = j;
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                if (tq_flt(err[r], best_err[r])) {
-                    best_err[r] = err[r];
-                    pick[r]     = j;
-                    idx[r]      = (uint8_t) k[r];
+            for (int o = 2; o < 32; o <<= 1) {
+                const float eo = __shfl_xor_sync(0xffffffffu, err, o);
+                const uint32_t jo = __shfl_xor_sync(0xffffffffu, jb, o);
+                if (tq_flt(eo, err) || (!tq_flt(err, eo) && jo < jb)) {
+                    err = eo;
+                    jb  = jo;
                 }
             }
+            pick = jb;
         }
+        {
+            const float m = t.sub[pick];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            subs |= pick[r] << (4 * r);
+            for (int b = 0; b < NB; ++b) {
+                idx += tq_fgt(y, tq_fmul(m, bound[b]));
+            }
         }
 
         // least-squares scale: sequential double sums over the block in index order (exact products)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const double c = tq_f2d(tq_fmul(t.sub[pick[r]], cent[idx[r]]));
-            dscratch[lane + 32 * r]               = __dmul_rn(tq_f2d(y[r]), c);
-            dscratch[TQ_BLOCK + lane + 32 * r] = __dmul_rn(c, c);
-        }
-        __syncwarp();
-        double s = 0.0;
-        if (lane == 0) {
+        const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
+        sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[1][tid] = __dmul_rn(c, c);
+        __syncthreads();
+        if (tid == 0) {
             double yc, cc;
-            tq_cu_seq_sum2(dscratch, dscratch + TQ_BLOCK, yc, cc);
-            s = __dmul_rn(norm, __ddiv_rn(yc, cc));
+            tq_cu_seq_sum2(sm.d[0], sm.d[1], yc, cc);
+            double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) { // the largest finite bfloat16, as the codec clamps
                 s = tq_f2d(TQ_BF16_MAX);
             }
+            scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
         }
-        s          = __shfl_sync(0xffffffffu, s, 0);
-        scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
-        __syncwarp();
     }
 
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        iscratch[lane + 32 * r] = idx[r];
+    sm.idx[tid] = (uint8_t) idx;
+    if (lane == 0) {
+        sm.pick[w] = pick;
     }
-    __syncwarp();
+    __syncthreads();
     if (BITS == 3) {
-        if (lane < 16) {
-            uint32_t w = 0;
+        if (tid < 16) {
+            uint32_t wd = 0;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                w |= (uint32_t) (iscratch[8 * lane + j] & 7u) << (3 * j);
+                wd |= (uint32_t) (sm.idx[8 * tid + j] & 7u) << (3 * j);
             }
-            out[TQ_HEADER_BYTES + 3 * lane + 0] = (uint8_t) (w & 0xffu);
-            out[TQ_HEADER_BYTES + 3 * lane + 1] = (uint8_t) ((w >> 8) & 0xffu);
-            out[TQ_HEADER_BYTES + 3 * lane + 2] = (uint8_t) ((w >> 16) & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 0] = (uint8_t) (wd & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 1] = (uint8_t) ((wd >> 8) & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 2] = (uint8_t) ((wd >> 16) & 0xffu);
         }
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int j = lane + 32 * h;
-            out[TQ_HEADER_BYTES + j] = (uint8_t) ((iscratch[j] & 15u) | ((iscratch[j + 64] & 15u) << 4));
-        }
+    } else if (tid < 64) {
+        out[TQ_HEADER_BYTES + tid] = (uint8_t) ((sm.idx[tid] & 15u) | ((sm.idx[tid + 64] & 15u) << 4));
     }
-    if (lane == 0) {
+    if (tid == 0) {
+        const uint32_t subs = sm.pick[0] | sm.pick[1] << 4 | sm.pick[2] << 8 | sm.pick[3] << 12;
         out[0] = (uint8_t) (scale_bits & 0xffu);
         out[1] = (uint8_t) (scale_bits >> 8);
         out[2] = (uint8_t) (subs & 0xffu);
         out[3] = (uint8_t) (subs >> 8);
     }
-    __syncwarp();
 }
 
 // Index of value i (0..127) of a block from its packed bytes q (after the header).
