@@ -113,7 +113,9 @@ stage_niah() {
     ln -sfn "$bin" python/llama_tq/bin # the harness runs the tools of its package's bin/
     if ! python3 -c 'import sys; sys.path.insert(0, "python"); import llama_tq._codec' 2> /dev/null; then
         gcc -O2 -std=c11 -ffp-contract=off -fPIC -c csrc/codec/tq_codec.c -o "$W/tq_codec_pic.o" || return 1
-        g++ -O2 -std=c++17 -shared -fPIC $(python3 -m pybind11 --includes) -Icsrc/codec csrc/python/tq_pymodule.cpp \
+        local inc
+        read -ra inc <<< "$(python3 -m pybind11 --includes)"
+        g++ -O2 -std=c++17 -shared -fPIC "${inc[@]}" -Icsrc/codec csrc/python/tq_pymodule.cpp \
             "$W/tq_codec_pic.o" -o "python/llama_tq/_codec$(python3-config --extension-suffix)" || return 1
     fi
     local ctx needle i=0 rc=0
