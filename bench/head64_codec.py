@@ -11,21 +11,30 @@ the 128-value codec. MSE = ||x - x_hat||^2 / ||x||^2 averaged over 10,000 vector
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
+from llama_tq import _codec
 from llama_tq import reference as ref
-from llama_tq.tooling.codebook_solver import solve, subscales
+from llama_tq.tooling.codebook_solver import Codebook, solve, subscales
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 10_000
 D = 64
 
 
+@cache
 def rotation64() -> np.ndarray:
-    signs = np.array([-1.0 if (ref.splitmix64(0x5464, 1)[0] >> i) & 1 else 1.0 for i in range(D)])
+    word = ref.splitmix64(0x5464, 1)[0]
+    signs = np.array([-1.0 if (word >> i) & 1 else 1.0 for i in range(D)])
     return ref.hadamard(D) @ np.diag(signs)
+
+
+@cache
+def codebook64(bits: int) -> Codebook:
+    return solve(bits, dim=D)
 
 
 def round_mantissa(v: np.ndarray, mbits: int) -> np.ndarray:
@@ -37,7 +46,7 @@ def round_mantissa(v: np.ndarray, mbits: int) -> np.ndarray:
 def quantize64(x: np.ndarray, bits: int, n_sub: int, n_mult: int = 16, scale_mbits: int = 7) -> np.ndarray:
     """Round trip of a 64-value block: least-squares scale with scale_mbits mantissa bits (7: bfloat16), n_sub
     sub-blocks choosing among n_mult of the codec's multipliers (n_sub 0: none)."""
-    book = solve(bits, dim=D)
+    book = codebook64(bits)
     rot = rotation64()
     norm = np.linalg.norm(x, axis=1)
     y = np.divide(x, norm[:, None], out=np.zeros_like(x), where=norm[:, None] > 0) @ rot.T
@@ -115,7 +124,7 @@ def main() -> None:
 
 
 def ref_bytes(bits: int) -> int:
-    return 52 if bits == 3 else 68
+    return int(_codec.BLOCK_BYTES[f"tq{bits}"])
 
 
 if __name__ == "__main__":

@@ -90,6 +90,13 @@ static __device__ __forceinline__ float tq_cu_sign(const tq_cu_tables & t, int i
     return (t.signs[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
 }
 
+// One butterfly stage of stride h < 32 across the lanes of a warp: the lower lane of each pair keeps a + b, the
+// upper one a - b (a: the lower lane's value).
+static __device__ __forceinline__ float tq_cu_wht_lane_stage(float v, int lane, int h) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, h);
+    return (lane & h) ? tq_fsub(o, v) : tq_fadd(v, o);
+}
+
 // In-place unnormalized WHT of the warp's 128 values v[r] = value lane + 32r (the codec's butterflies:
 // each stage is a fixed set of a+b / a-b pairs, so the order the lanes run them in cannot change a bit).
 static __device__ __forceinline__ void tq_cu_fwht_warp(float v[4], int lane) {
@@ -97,8 +104,7 @@ static __device__ __forceinline__ void tq_cu_fwht_warp(float v[4], int lane) {
     for (int h = 1; h < 32; h <<= 1) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[r], h);
-            v[r] = (lane & h) ? tq_fsub(o, v[r]) : tq_fadd(v[r], o);
+            v[r] = tq_cu_wht_lane_stage(v[r], lane, h);
         }
     }
     float a = v[0], b = v[1], c = v[2], d = v[3];
@@ -177,8 +183,7 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
         // the codec's butterflies: strides 1..16 inside the warp, 32 and 64 across warps through shared memory
 #pragma unroll
         for (int h = 1; h < 32; h <<= 1) {
-            const float o = __shfl_xor_sync(0xffffffffu, y, h);
-            y = (lane & h) ? tq_fsub(o, y) : tq_fadd(y, o);
+            y = tq_cu_wht_lane_stage(y, lane, h);
         }
 #pragma unroll
         for (int hw = 1; hw <= 2; hw <<= 1) {
