@@ -48,6 +48,9 @@ def test_key_transforms_rescue_3bit_keys(text: Path, ctv: str, fa: str) -> None:
     ppl_on, log_on = perplexity(text, "tq3", ctv, "auto", fa)
     assert "TQ key transforms: centering on, equalization on" in log_on
     assert "TQ key transforms" not in log_off
+    # the centered channels follow the run's context (-c 512), for the SWA cache too (its owner passes the span)
+    spans = re.findall(r"TQ key centering over (\d+) positions: ([0-9.]+)% of the key channels of (\d+) layers", log_on)
+    assert [(n, layers) for n, _, layers in spans] == [("512", "3"), ("512", "15")], spans
     assert ppl_on < 0.8 * ppl_off, (ppl_on, ppl_off)
 
 

@@ -69,6 +69,25 @@ std::vector<float> scales_from_gains(const std::vector<float> & gq, const std::v
     return out;
 }
 
+// 1 on the RoPE pairs of layer il that turn by at most 1 rad over n_pos positions, 0 on the others (all 1 without RoPE).
+// A post-RoPE mean only stays aligned with the keys on such pairs: a static offset rotated by d rad is left as
+// 2 sin(d/2) of itself, worse than not centering past pi/3.
+std::vector<float> slow_pairs(const llama_model & model, int32_t il, int64_t n, int64_t head_dim, uint32_t n_pos) {
+    const auto & hp = model.hparams;
+    const bool neox = hp.rope_type == LLAMA_ROPE_TYPE_NEOX;
+    const bool swa = hp.is_swa((uint32_t) il);
+    const double base = swa ? hp.rope_freq_base_train_swa : hp.rope_freq_base_train;
+    const double fscale = swa ? hp.rope_freq_scale_train_swa : hp.rope_freq_scale_train;
+    std::vector<float> keep((size_t) n, 1.0f);
+    for (int64_t c = 0; hp.has_rope((uint32_t) il) && c < n; ++c) {
+        const int64_t d = c % head_dim;
+        const int64_t pair = neox ? d % (head_dim / 2) : d / 2;
+        const double theta = fscale * std::pow(base, -2.0 * (double) pair / (double) head_dim);
+        keep[c] = theta * (double) n_pos <= 1.0 ? 1.0f : 0.0f;
+    }
+    return keep;
+}
+
 std::vector<float> tensor_floats(const ggml_tensor * t) {
     std::vector<float> v((size_t) ggml_nelements(t));
     ggml_backend_tensor_get(t, v.data(), 0, v.size() * sizeof(float));
@@ -137,7 +156,7 @@ void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64
     }
 }
 
-void llama_tq_keys::allocate(const llama_model & model) {
+void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
     std::map<ggml_backend_buffer_type_t, ggml_context *> by_buft;
     for (auto & [il, L] : layers) {
         ggml_context *& ctx = by_buft[L.buft];
@@ -181,28 +200,8 @@ void llama_tq_keys::allocate(const llama_model & model) {
         }
         ggml_backend_tensor_set(L.t, L.s.data(), ROW_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         ggml_backend_tensor_set(L.t, inv.data(), ROW_INV_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
-        // Centering mask: a post-RoPE mean only stays aligned with the keys on RoPE pairs that turn by at most ~1 rad
-        // over the trained context (a static offset rotated by d rad is left as 2 sin(d/2) of itself, worse than
-        // not centering past pi/3). Other pairs keep mu = 0: the mean of a fast pair over the first ubatch is ~0
-        // anyway, and a slow-but-not-static pair would be pushed away from mu at long context.
-        std::vector<float> test_keep;
-        {
-            const auto & hp = model.hparams;
-            const bool swa = hp.is_swa((uint32_t) il);
-            const double base = swa ? hp.rope_freq_base_train_swa : hp.rope_freq_base_train;
-            const double fscale = swa ? hp.rope_freq_scale_train_swa : hp.rope_freq_scale_train;
-            std::vector<float> keep((size_t) L.n, 1.0f);
-            for (int64_t c = 0; hp.has_rope((uint32_t) il) && c < L.n; ++c) {
-                const int64_t d = c % head_dim;
-                const int64_t pair = neox ? d % (head_dim / 2) : d / 2;
-                const double theta = fscale * std::pow(base, -2.0 * (double) pair / (double) head_dim);
-                keep[c] = theta * (double) hp.n_ctx_train <= 1.0 ? 1.0f : 0.0f;
-            }
-            ggml_backend_tensor_set(L.t, keep.data(), ROW_CENTER_MASK * (size_t) L.n * sizeof(float),
-                                    (size_t) L.n * sizeof(float));
-            test_keep = std::move(keep);
-        }
         if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head) on the slow pairs, norm test_offset
+            const std::vector<float> test_keep = slow_pairs(model, il, L.n, head_dim, model.hparams.n_ctx_train);
             std::mt19937 rng((uint32_t) il + 1);
             std::normal_distribution<float> gauss;
             std::vector<float> o((size_t) L.n);
@@ -219,10 +218,37 @@ void llama_tq_keys::allocate(const llama_model & model) {
             ggml_backend_tensor_set(L.t, o.data(), ROW_TEST_OFFSET * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         }
     }
+    set_center_span(model, n_pos);
     if (equalize && n_eq == 0) {
         equalize = false;  // no per-head QK-norm gains: s = 1 everywhere, skip the multiplications
         LLAMA_LOG_INFO("%s: TQ key transforms: no per-head QK-norm gains, equalization off\n", __func__);
     }
+}
+
+// The centering mask: pairs that stay within 1 rad over the positions this cache can hold (not the trained context:
+// a 4k context centers many more pairs of a 32k-trained model). Only the next mu reads it; a mu already set (or
+// restored from a state) stays as it is, so the stored keys keep their meaning.
+void llama_tq_keys::set_center_span(const llama_model & model, uint32_t n_pos) {
+    if (!center || layers.empty()) {
+        return;
+    }
+    const bool told = n_pos > 0;  // 0: an SWA child before its owner sets the span (not worth a log line)
+    n_pos = told ? n_pos : model.hparams.n_ctx_train;
+    int64_t kept = 0, total = 0;
+    for (auto & [il, L] : layers) {
+        const std::vector<float> keep = slow_pairs(model, il, L.n, head_dim, n_pos);
+        ggml_backend_tensor_set(L.t, keep.data(), ROW_CENTER_MASK * (size_t) L.n * sizeof(float),
+                                (size_t) L.n * sizeof(float));
+        for (float v : keep) {
+            kept += v > 0.0f ? 1 : 0;
+        }
+        total += L.n;
+    }
+    if (!told) {
+        return;
+    }
+    LLAMA_LOG_INFO("%s: TQ key centering over %u positions: %.1f%% of the key channels of %zu layers\n", __func__,
+                   n_pos, 100.0 * (double) kept / (double) std::max<int64_t>(total, 1), layers.size());
 }
 
 const llama_tq_keys::layer * llama_tq_keys::find(int32_t il) const {

@@ -12,9 +12,9 @@
 //      rotates stored keys), geometric mean 1, clipped to [1/16, 16]. Deterministic: nothing to store.
 //      Models without per-head QK-norm get s = 1 (centering only).
 //   mu from the first ubatch written into an empty cache, shrunk towards 0 as sum / (n + 16) so that a short first
-//      ubatch cannot make keys larger, on the RoPE pairs that turn by at most 1 rad over the trained context (a
-//      post-RoPE mean of faster pairs would not stay aligned with later keys); fixed until the cache is empty
-//      again. It is part of the saved state.
+//      ubatch cannot make keys larger, on the RoPE pairs that turn by at most 1 rad over the context this cache
+//      serves (n_ctx, not the trained context: a post-RoPE mean of faster pairs would not stay aligned with later
+//      keys); fixed until the cache is empty again. It is part of the saved state.
 // Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
@@ -44,8 +44,12 @@ public:
     void configure(const llama_hparams & hp, ggml_type type_k, bool allowed);
     // For each layer the cache creates (buft: where that layer's K lives).
     void add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa);
-    // After the layers: allocates mu/s on their devices and uploads s.
-    void allocate(const llama_model & model);
+    // After the layers: allocates mu/s on their devices and uploads s; n_pos: the positions this cache can hold
+    // (its size; 0: not known yet, the trained context until set_center_span says otherwise).
+    void allocate(const llama_model & model, uint32_t n_pos);
+    // Which channels the next mu centers: the RoPE pairs that turn by at most 1 rad over n_pos positions. An SWA
+    // cache holds fewer cells than the positions it sees: its owner passes the full context.
+    void set_center_span(const llama_model & model, uint32_t n_pos);
 
     bool enabled() const { return center || equalize; }  // the transforms (not the test offset) are on
     // Equalized keys take upstream's Hadamard rotation on K off by default (llama-tq-attn-rot.h: measured, and it
