@@ -402,21 +402,25 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
             red[warp * C + c] = l;
         }
     }
-    for (int i = tid; i < D * C; i += TQ_FA_THREADS) {
-        qs[i] = 0.0f;
-    }
-    __syncthreads();
+    // the warps add their partial outputs one after the other, warp 0 storing (it covers every entry): a fixed
+    // summation order, and no shared-memory atomics (contended by every warp, the slowest step of a short chunk)
+#pragma unroll 1
+    for (int w = 0; w < TQ_FA_THREADS / 32; ++w) {
+        if (warp == w) {
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
+            for (int b = 0; b < NB; ++b) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+                for (int j = 0; j < 4; ++j) {
 #pragma unroll
-            for (int c = 0; c < C; ++c) {
-                atomicAdd(&qs[(128 * b + 4 * lane + j) * C + c], acc[b][j][c]);
+                    for (int c = 0; c < C; ++c) {
+                        float & o = qs[(128 * b + 4 * lane + j) * C + c];
+                        o = w == 0 ? acc[b][j][c] : o + acc[b][j][c];
+                    }
+                }
             }
         }
+        __syncthreads();
     }
-    __syncthreads();
     const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * C;
     const int64_t base = (int64_t) blockIdx.x * p.n_cols_total + col0;
     for (int i = tid; i < D * C; i += TQ_FA_THREADS) {

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     using LK = tq_mma_lut_t<TK>;
     using LV = tq_mma_lut_t<TV>;
     constexpr bool SAME = TK == TV;
-    constexpr int OUT_WORDS = 8 * D;
+    constexpr int OUT_WORDS = 2 * 8 * D; // the cross-warp sum's two parked O^T
     constexpr int STAGE_WORDS = TQ_MMA_WARPS * TQ_MMA_STAGES * TILE_WORDS;
 
     __shared__ __align__(16) uint32_t stage[STAGE_WORDS > OUT_WORDS ? STAGE_WORDS : OUT_WORDS];
@@ -181,6 +181,9 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         __syncthreads();
         for (int r = warp; r < 8 * NB; r += TQ_MMA_WARPS) { // q_rot = H D q / sqrt(128) per 128 slice
+            if (r % 8 >= C) {
+                continue; // a padding row: zero, and so is its rotation (warp-uniform)
+            }
             float * q = qs + (r % 8) * D + 128 * (r / 8);
             float v[4];
 #pragma unroll
@@ -427,10 +430,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         red[1][warp][g] = L;
     }
     __syncthreads();
-    float * out = reinterpret_cast<float *>(stage); // [8][D]
-    for (int i = tid; i < 8 * D; i += blockDim.x) {
-        out[i] = 0.0f;
-    }
     float fw[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) { // the columns 2t + i of this lane's O^T
@@ -442,27 +441,72 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         fw[i] = red[0][warp][c] == -INFINITY ? 0.0f : __expf(red[0][warp][c] - m);
     }
-    __syncthreads();
+    // Cross-warp sum in a fixed order, (w0 + w2) + (w1 + w3): two warps park their rescaled O^T in shared memory and
+    // the other two add it to their registers, twice; warp 0 then writes the chunk's result. Plain stores and
+    // independent loads: shared-memory atomics here (4 warps on the same words) cost ~13k cycles a block, a
+    // warp-by-warp read-modify-write ~11k (dependent chains), which dominated a short chunk's time.
+    static_assert(TQ_MMA_WARPS == 4, "the cross-warp sum pairs 4 warps");
+    float * xb = reinterpret_cast<float *>(stage); // [2][8][D]; every warp has left the main loop
+    // m-tile i = 2k + hh, row g + 8e: coordinate d = 32k + 4g + 2hh + e; this lane's columns are 2t + c
+    auto xb_at = [&](int slot, int b, int i, int e, int c) -> float & {
+        return xb[(slot * 8 + 2 * t + c) * D + 128 * b + 32 * (i >> 1) + 4 * g + 2 * (i & 1) + e];
+    };
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) { // m-tile i = 2k + hh, row g + 8e: coordinate 32k + 4g + 2hh + e
-                const int d = 128 * b + 32 * (i >> 1) + 4 * g + 2 * (i & 1) + e;
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    atomicAdd(&out[(2 * t + c) * D + d], oacc[b][i][2 * e + c] * fw[c]);
-                }
+            for (int r = 0; r < 4; ++r) {
+                oacc[b][i][r] *= fw[r & 1];
             }
         }
     }
-    __syncthreads();
+#pragma unroll 1
+    for (int round = 0; round < 2; ++round) {
+        const int n_send = round == 0 ? 2 : 1; // round 0: w2 -> w0, w3 -> w1; round 1: w1 -> w0
+        if (warp >= n_send && warp < 2 * n_send) {
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        xb_at(warp - n_send, b, i, r >> 1, r & 1) = oacc[b][i][r];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (warp < n_send) {
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        oacc[b][i][r] += xb_at(warp, b, i, r >> 1, r & 1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
     const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * p.ncol;
     const int64_t base = (int64_t) blockIdx.x * p.n_cols_total + col0;
-    for (int i = tid; i < p.ncol * D; i += blockDim.x) {
-        const int c = i / D, d = i % D;
-        p.part[(base + c) * D + d] = out[c * D + d];
+    if (warp == 0) {
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int c = 2 * t + (r & 1), d = 128 * b + 32 * (i >> 1) + 4 * g + 2 * (i & 1) + (r >> 1);
+                    if (c < p.ncol) {
+                        p.part[(base + c) * D + d] = oacc[b][i][r];
+                    }
+                }
+            }
+        }
     }
     if (tid < p.ncol) {
         float m = -INFINITY, l = 0.0f;
