@@ -30,7 +30,8 @@ def golden_inputs() -> np.ndarray:
 def main() -> None:
     x = golden_inputs()
     out = Path(__file__).with_name("data") / "golden_tq.npz"
-    np.savez(out, x=x, tq3=_codec.quantize(x, "tq3"), tq4=_codec.quantize(x, "tq4"))
+    kinds = ("tq3", "tq4", "tq3_64", "tq4_64")  # the 64-value kinds take each 128-row as two blocks
+    np.savez(out, x=x, **{k: _codec.quantize(x, k) for k in kinds})
     print(f"wrote {out}")
 
 

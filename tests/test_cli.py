@@ -29,7 +29,8 @@ def test_validate_meets_targets(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "tq3" in out and "tq4" in out and "MSE/4^-b" in out
     rows = json.loads((tmp_path / "v.json").read_text())
-    assert [r["kind"] for r in rows] == ["tq3", "tq4"]
+    assert [r["kind"] for r in rows] == ["tq3", "tq4", "tq3_64", "tq4_64"]
+    assert [r["dim"] for r in rows] == [128, 128, 64, 64]
     assert all(r["lower"] < r["mse"] < r["upper"] for r in rows)
 
 

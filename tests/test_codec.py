@@ -12,7 +12,8 @@ from llama_tq import reference as ref
 
 pytestmark = pytest.mark.unit
 
-KINDS = {"tq3": 3, "tq4": 4}
+KINDS = {"tq3": 3, "tq4": 4, "tq3_64": 3, "tq4_64": 4}
+BLOCKS = {"tq3": 128, "tq4": 128, "tq3_64": 64, "tq4_64": 64}
 GOLDEN = Path(__file__).with_name("data") / "golden_tq.npz"
 
 
@@ -20,10 +21,13 @@ def test_block_sizes() -> None:
     x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
     assert _codec.quantize(x, "tq3").shape == (3, 2 * 52)
     assert _codec.quantize(x, "tq4").shape == (3, 2 * 68)
-    assert _codec.BLOCK_BYTES == {"tq3": 52, "tq4": 68}
+    assert _codec.quantize(x, "tq3_64").shape == (3, 4 * 28)
+    assert _codec.quantize(x, "tq4_64").shape == (3, 4 * 36)
+    assert _codec.BLOCK_BYTES == {"tq3": 52, "tq4": 68, "tq3_64": 28, "tq4_64": 36}
+    assert _codec.BLOCK_VALUES == BLOCKS
 
 
-@pytest.mark.parametrize("kind,target", [("tq3", 0.0340), ("tq4", 0.0093)])
+@pytest.mark.parametrize("kind,target", [("tq3", 0.0340), ("tq4", 0.0093), ("tq3_64", 0.0340), ("tq4_64", 0.0093)])
 def test_mse_targets(kind: str, target: float) -> None:
     row = validate.measure(kind, n=10_000, seed=0)
     assert row.mse <= target, f"{kind} MSE {row.mse:.6f} above target {target}"
@@ -39,45 +43,54 @@ def test_rotation_is_orthogonal() -> None:
     np.testing.assert_allclose(_codec.rotate(_codec.unrotate(x)), x, atol=1e-6)
     # it is exactly the documented matrix H * D / sqrt(128)
     np.testing.assert_allclose(y, x @ ref.rotation(1).T, atol=1e-5)
+    # the 64-value blocks' own rotation: H_64 * D_64 / 8
+    x64 = x.reshape(-1, 64)
+    y64 = _codec.rotate(x64, block=64)
+    np.testing.assert_allclose(y64, x64 @ ref.rotation(1, 64).T, atol=1e-5)
+    np.testing.assert_allclose(_codec.unrotate(y64, block=64), x64, atol=1e-6)
+    with pytest.raises(ValueError, match="block must be 128 or 64"):
+        _codec.rotate(x, block=32)
 
 
 def test_sign_pattern_matches_documented_derivation() -> None:
     np.testing.assert_array_equal(_codec.signs(), ref.sign_vector(0x5451))
+    np.testing.assert_array_equal(_codec.signs(64), ref.sign_vector(ref.SIGN_SEED_64, 64))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pack_unpack_every_index_pattern(kind: str) -> None:
-    levels = 1 << KINDS[kind]
+    levels, n = 1 << KINDS[kind], BLOCKS[kind]
     rng = np.random.default_rng(2)
-    patterns = [np.full(128, v, dtype=np.uint8) for v in range(levels)]  # every value at every position
-    patterns += [np.arange(128, dtype=np.uint8) % levels, (np.arange(128, dtype=np.uint8) * 5 + 3) % levels]
-    patterns += [rng.integers(0, levels, 128, dtype=np.uint8) for _ in range(200)]
+    patterns = [np.full(n, v, dtype=np.uint8) for v in range(levels)]  # every value at every position
+    patterns += [np.arange(n, dtype=np.uint8) % levels, (np.arange(n, dtype=np.uint8) * 5 + 3) % levels]
+    patterns += [rng.integers(0, levels, n, dtype=np.uint8) for _ in range(200)]
     for idx in patterns:
         packed = _codec.pack_indices(idx, kind)
         block = np.concatenate([np.zeros(4, np.uint8), packed])
         np.testing.assert_array_equal(_codec.unpack_indices(block, kind), idx)
+        assert len(block) == _codec.BLOCK_BYTES[kind]
         ref_block = ref.pack(np.zeros(1), np.zeros((1, 4), np.uint8), idx[None, :], KINDS[kind])[0]
         np.testing.assert_array_equal(block, ref_block)  # same bytes as the documented layout
     with pytest.raises(ValueError):
-        _codec.pack_indices(np.full(128, levels, dtype=np.uint8), kind)
+        _codec.pack_indices(np.full(n, levels, dtype=np.uint8), kind)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_matches_numpy_reference(kind: str) -> None:
-    bits = KINDS[kind]
-    x = np.random.default_rng(3).standard_normal((2000, 128)).astype(np.float32) * 3.0
+    bits, n = KINDS[kind], BLOCKS[kind]
+    x = np.random.default_rng(3).standard_normal((2000, n)).astype(np.float32) * 3.0
     blocks = _codec.quantize(x, kind)
-    scale_c, sub_c, idx_c = ref.unpack(blocks, bits)
-    scale_r, sub_r, idx_r = ref.quantize(x, bits)
+    scale_c, sub_c, idx_c = ref.unpack(blocks, bits, n)
+    scale_r, sub_r, idx_r = ref.quantize(x, bits, block=n)
     # float32 (C) and float64 (NumPy) may disagree only on near-ties: a value on a cell boundary, or two
     # sub-block multipliers with almost the same error. Such blocks must be rare...
     differ = (sub_c != sub_r).any(axis=1) | (idx_c != idx_r).any(axis=1)
     assert differ.mean() < 0.01, f"{differ.mean():.2%} of blocks differ from the reference"
     # ...and where C chose differently, its choice must be as good as the reference's (to float32 precision).
-    y = (x / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)) @ ref.rotation(1).T
+    y = (x / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)) @ ref.rotation(1, n).T
     for sub, idx in ((sub_c, idx_c), (sub_r, idx_r)):
-        c = ref.SUBSCALES[np.repeat(sub, 32, axis=1)] * ref._BOOKS[bits].centroids[idx]
-        err = np.sum(((y - c) ** 2).reshape(-1, 4, 32), axis=2)
+        c = ref.SUBSCALES[np.repeat(sub, n // 4, axis=1)] * ref.book(bits, n).centroids[idx]
+        err = np.sum(((y - c) ** 2).reshape(-1, 4, n // 4), axis=2)
         if sub is sub_c:
             err_c = err
         else:
@@ -86,7 +99,7 @@ def test_matches_numpy_reference(kind: str) -> None:
     same = ~differ
     np.testing.assert_array_equal(scale_c[same], scale_r[same])  # bf16 bit patterns agree
     np.testing.assert_allclose(
-        _codec.dequantize(blocks, kind), ref.dequantize(scale_c, sub_c, idx_c, bits), rtol=1e-5, atol=1e-5
+        _codec.dequantize(blocks, kind), ref.dequantize(scale_c, sub_c, idx_c, bits, block=n), rtol=1e-5, atol=1e-5
     )
 
 
@@ -96,11 +109,12 @@ def test_golden_vectors(kind: str) -> None:
     got = _codec.quantize(g["x"], kind)
     np.testing.assert_array_equal(got, g[kind], err_msg="the bytes of the committed golden blocks changed")
     # the golden bytes decode, under the NumPy reference of the documented layout, to a good reconstruction
-    scale, sub, idx = ref.unpack(g[kind], KINDS[kind])
-    back = ref.dequantize(scale, sub, idx, KINDS[kind])
+    n = BLOCKS[kind]
+    scale, sub, idx = ref.unpack(g[kind].reshape(-1, _codec.BLOCK_BYTES[kind]), KINDS[kind], n)
+    back = ref.dequantize(scale, sub, idx, KINDS[kind], block=n).reshape(g["x"].shape)
     x = g["x"].astype(np.float64)
     rel = np.sum((back - x) ** 2, axis=1) / np.sum(x * x, axis=1)
-    assert np.all(rel < (0.06 if kind == "tq3" else 0.02))
+    assert np.all(rel < (0.06 if KINDS[kind] == 3 else 0.02))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -110,7 +124,7 @@ def test_dot_rotated_equals_dot_of_dequantized(kind: str) -> None:
     q = rng.standard_normal(512).astype(np.float32)
     blocks = _codec.quantize(k, kind)
     want = float(np.dot(_codec.dequantize(blocks, kind).astype(np.float64), q))
-    got = _codec.dot_rotated(blocks, _codec.rotate(q), kind)
+    got = _codec.dot_rotated(blocks, _codec.rotate(q, block=BLOCKS[kind]), kind)
     assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
 
 
@@ -136,8 +150,9 @@ def test_edge_cases(kind: str) -> None:
         x = np.ones((2, 128), np.float32)
         x[1, 7] = bad
         dec = _codec.dequantize(_codec.quantize(x, kind), kind)
-        assert np.all(np.isnan(dec[1])), "a block with NaN/Inf decodes as NaN"
-        assert np.all(np.isfinite(dec[0])), "other blocks are untouched"
+        n = BLOCKS[kind]  # value 7 lies in the row's first block
+        assert np.all(np.isnan(dec[1, :n])), "a block with NaN/Inf decodes as NaN"
+        assert np.all(np.isfinite(dec[0])) and np.all(np.isfinite(dec[1, n:])), "other blocks are untouched"
 
 
 def test_bad_shapes_and_kinds() -> None:
@@ -147,6 +162,12 @@ def test_bad_shapes_and_kinds() -> None:
         _codec.dequantize(np.zeros(50, np.uint8), "tq3")
     with pytest.raises(ValueError, match="unknown TurboQuant kind"):
         _codec.quantize(np.zeros(128, np.float32), "tq5")
+    with pytest.raises(ValueError, match="unknown TurboQuant kind"):
+        _codec.quantize(np.zeros(128, np.float32), "tq3_32")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        _codec.quantize(np.zeros((2, 96), np.float32), "tq3_64")
+    with pytest.raises(ValueError, match="multiple of 28"):
+        _codec.dequantize(np.zeros(30, np.uint8), "tq3_64")
     with pytest.raises(ValueError):
         _codec.rotate(np.zeros(64, np.float32))
 

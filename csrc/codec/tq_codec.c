@@ -8,26 +8,60 @@
 #include "tq_codebooks.h"
 
 const uint32_t TQ_SIGNS[4] = {0x76bcc29au, 0xec660926u, 0xfdbbf446u, 0x70d451fcu};
+const uint32_t TQ_SIGNS_64[2] = {0x31de3918u, 0x1ab9667fu};
 
-size_t tq_block_bytes(int bits) {
-    return bits == 3 ? TQ3_BLOCK_BYTES : bits == 4 ? TQ4_BLOCK_BYTES : 0;
+/* One block format: 128-value blocks (TQ3/TQ4) or 64-value blocks (TQ3_64/TQ4_64). Both have the 4-byte header
+ * and 4 sub-blocks (of n/4 values); they differ in the rotation size, its signs and the codebook's law. */
+typedef struct {
+    int bits;
+    int n;
+    size_t bytes;
+    const float *cent;
+    const float *bounds;
+    const uint32_t *signs;
+    float wht_norm; /* 1/sqrt(n) */
+} tq_fmt;
+
+static const tq_fmt TQ_FMT3 = {3, TQ_BLOCK, TQ3_BLOCK_BYTES, TQ3_CENTROIDS, TQ3_BOUNDARIES, TQ_SIGNS, TQ_WHT_NORM};
+static const tq_fmt TQ_FMT4 = {4, TQ_BLOCK, TQ4_BLOCK_BYTES, TQ4_CENTROIDS, TQ4_BOUNDARIES, TQ_SIGNS, TQ_WHT_NORM};
+static const tq_fmt TQ_FMT3_64 = {3,           TQ_BLOCK_64,     TQ3_64_BLOCK_BYTES, TQ3_64_CENTROIDS,
+                                  TQ3_64_BOUNDARIES, TQ_SIGNS_64, TQ_WHT_NORM_64};
+static const tq_fmt TQ_FMT4_64 = {4,           TQ_BLOCK_64,     TQ4_64_BLOCK_BYTES, TQ4_64_CENTROIDS,
+                                  TQ4_64_BOUNDARIES, TQ_SIGNS_64, TQ_WHT_NORM_64};
+
+static const tq_fmt *tq_fmt_of(int bits, int n) {
+    if (n == TQ_BLOCK) {
+        return bits == 3 ? &TQ_FMT3 : bits == 4 ? &TQ_FMT4 : NULL;
+    }
+    if (n == TQ_BLOCK_64) {
+        return bits == 3 ? &TQ_FMT3_64 : bits == 4 ? &TQ_FMT4_64 : NULL;
+    }
+    return NULL;
 }
 
-const float *tq_centroids(int bits) {
-    return bits == 3 ? TQ3_CENTROIDS : bits == 4 ? TQ4_CENTROIDS : NULL;
+size_t tq_block_bytes_n(int bits, int n) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    return f ? f->bytes : 0;
 }
+
+size_t tq_block_bytes(int bits) { return tq_block_bytes_n(bits, TQ_BLOCK); }
+
+const float *tq_centroids_n(int bits, int n) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    return f ? f->cent : NULL;
+}
+
+const float *tq_centroids(int bits) { return tq_centroids_n(bits, TQ_BLOCK); }
 
 static int tq_levels(int bits) { return 1 << bits; }
 
-static const float *tq_boundaries(int bits) { return bits == 3 ? TQ3_BOUNDARIES : TQ4_BOUNDARIES; }
+static float tq_sign(const uint32_t *signs, int i) { return (signs[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f; }
 
-static float tq_sign(int i) { return (TQ_SIGNS[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f; }
-
-/* Unnormalized in-place fast Walsh-Hadamard transform, natural (Sylvester) order. The butterfly order is
- * fixed so that every backend that copies it gets the same float results. */
-static void tq_fwht(float *v) {
-    for (int h = 1; h < TQ_BLOCK; h <<= 1) {
-        for (int i = 0; i < TQ_BLOCK; i += h << 1) {
+/* Unnormalized in-place fast Walsh-Hadamard transform of n values, natural (Sylvester) order. The butterfly
+ * order is fixed so that every backend that copies it gets the same float results. */
+static void tq_fwht(float *v, int n) {
+    for (int h = 1; h < n; h <<= 1) {
+        for (int i = 0; i < n; i += h << 1) {
             for (int j = i; j < i + h; ++j) {
                 const float a = v[j];
                 const float b = v[j + h];
@@ -38,29 +72,51 @@ static void tq_fwht(float *v) {
     }
 }
 
-void tq_rotate(const float *x, float *y) {
-    for (int i = 0; i < TQ_BLOCK; ++i) {
-        y[i] = x[i] * tq_sign(i);
+static void tq_rotate_fmt(const tq_fmt *f, const float *x, float *y) {
+    for (int i = 0; i < f->n; ++i) {
+        y[i] = x[i] * tq_sign(f->signs, i);
     }
-    tq_fwht(y);
-    for (int i = 0; i < TQ_BLOCK; ++i) {
-        y[i] *= TQ_WHT_NORM;
+    tq_fwht(y, f->n);
+    for (int i = 0; i < f->n; ++i) {
+        y[i] *= f->wht_norm;
     }
 }
 
-void tq_unrotate(const float *y, float *x) {
+static void tq_unrotate_fmt(const tq_fmt *f, const float *y, float *x) {
     if (x != y) {
-        memcpy(x, y, TQ_BLOCK * sizeof(float));
+        memcpy(x, y, (size_t)f->n * sizeof(float));
     }
-    tq_fwht(x);
-    for (int i = 0; i < TQ_BLOCK; ++i) {
-        x[i] *= TQ_WHT_NORM * tq_sign(i);
+    tq_fwht(x, f->n);
+    for (int i = 0; i < f->n; ++i) {
+        x[i] *= f->wht_norm * tq_sign(f->signs, i);
     }
 }
 
-void tq_pack_indices(int bits, const uint8_t *idx, uint8_t *q) {
-    if (bits == 3) {
-        for (int g = 0; g < 16; ++g) {
+void tq_rotate(const float *x, float *y) { tq_rotate_fmt(&TQ_FMT3, x, y); }
+void tq_unrotate(const float *y, float *x) { tq_unrotate_fmt(&TQ_FMT3, y, x); }
+
+int tq_rotate_n(int n, const float *x, float *y) {
+    const tq_fmt *f = tq_fmt_of(3, n);
+    if (!f) {
+        return -1;
+    }
+    tq_rotate_fmt(f, x, y);
+    return 0;
+}
+
+int tq_unrotate_n(int n, const float *y, float *x) {
+    const tq_fmt *f = tq_fmt_of(3, n);
+    if (!f) {
+        return -1;
+    }
+    tq_unrotate_fmt(f, y, x);
+    return 0;
+}
+
+/* tq3: groups of 8 indices in 3 bytes; tq4: byte j holds index j and index j + n/2. */
+static void tq_pack_fmt(const tq_fmt *f, const uint8_t *idx, uint8_t *q) {
+    if (f->bits == 3) {
+        for (int g = 0; g < f->n / 8; ++g) {
             uint32_t w = 0;
             for (int j = 0; j < 8; ++j) {
                 w |= (uint32_t)(idx[8 * g + j] & 7u) << (3 * j);
@@ -70,26 +126,51 @@ void tq_pack_indices(int bits, const uint8_t *idx, uint8_t *q) {
             q[3 * g + 2] = (uint8_t)((w >> 16) & 0xffu);
         }
     } else {
-        for (int j = 0; j < 64; ++j) {
-            q[j] = (uint8_t)((idx[j] & 15u) | ((idx[j + 64] & 15u) << 4));
+        const int half = f->n / 2;
+        for (int j = 0; j < half; ++j) {
+            q[j] = (uint8_t)((idx[j] & 15u) | ((idx[j + half] & 15u) << 4));
         }
     }
 }
 
-void tq_unpack_indices(int bits, const uint8_t *q, uint8_t *idx) {
-    if (bits == 3) {
-        for (int g = 0; g < 16; ++g) {
+static void tq_unpack_fmt(const tq_fmt *f, const uint8_t *q, uint8_t *idx) {
+    if (f->bits == 3) {
+        for (int g = 0; g < f->n / 8; ++g) {
             const uint32_t w = (uint32_t)q[3 * g] | ((uint32_t)q[3 * g + 1] << 8) | ((uint32_t)q[3 * g + 2] << 16);
             for (int j = 0; j < 8; ++j) {
                 idx[8 * g + j] = (uint8_t)((w >> (3 * j)) & 7u);
             }
         }
     } else {
-        for (int j = 0; j < 64; ++j) {
+        const int half = f->n / 2;
+        for (int j = 0; j < half; ++j) {
             idx[j] = q[j] & 15u;
-            idx[j + 64] = q[j] >> 4;
+            idx[j + half] = q[j] >> 4;
         }
     }
+}
+
+void tq_pack_indices(int bits, const uint8_t *idx, uint8_t *q) { tq_pack_fmt(tq_fmt_of(bits, TQ_BLOCK), idx, q); }
+void tq_unpack_indices(int bits, const uint8_t *q, uint8_t *idx) {
+    tq_unpack_fmt(tq_fmt_of(bits, TQ_BLOCK), q, idx);
+}
+
+int tq_pack_indices_n(int bits, int n, const uint8_t *idx, uint8_t *q) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    if (!f) {
+        return -1;
+    }
+    tq_pack_fmt(f, idx, q);
+    return 0;
+}
+
+int tq_unpack_indices_n(int bits, int n, const uint8_t *q, uint8_t *idx) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    if (!f) {
+        return -1;
+    }
+    tq_unpack_fmt(f, q, idx);
+    return 0;
 }
 
 /* Nearest centroid = number of boundaries strictly below v (ties go to the lower cell). */
@@ -135,78 +216,84 @@ static float tq_load_scale(const uint8_t *block) {
 
 static unsigned tq_load_subs(const uint8_t *block) { return (unsigned)block[2] | ((unsigned)block[3] << 8); }
 
-/* Picks the multiplier of one sub-block: for each of the 16, nearest centroids of m * c and their squared
- * error, in a fixed order (SIMD and GPU kernels reproduce it bit for bit). Writes the indices of the winner. */
-void tq_scaled_boundaries(int bits, float m, float *out) {
-    const float *bounds = tq_boundaries(bits);
-    for (int t = 0; t < tq_levels(bits) - 1; ++t) {
-        out[t] = m * bounds[t];
+static void tq_scaled_bounds_fmt(const tq_fmt *f, float m, float *out) {
+    for (int t = 0; t < tq_levels(f->bits) - 1; ++t) {
+        out[t] = m * f->bounds[t];
     }
 }
 
-unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) {
-    const float *cent = tq_centroids(bits);
-    const int nb = tq_levels(bits) - 1;
+void tq_scaled_boundaries(int bits, float m, float *out) { tq_scaled_bounds_fmt(tq_fmt_of(bits, TQ_BLOCK), m, out); }
+
+/* Picks the multiplier of one sub-block (n/4 values): for each of the 16, nearest centroids of m * c and their
+ * squared error, in a fixed order (SIMD and GPU kernels reproduce it bit for bit). Writes the indices of the
+ * winner. */
+static unsigned tq_pick_fmt(const tq_fmt *f, const float *y, uint8_t *idx) {
+    const int len = f->n / 4;
+    const int nb = tq_levels(f->bits) - 1;
     float sb[15];
     uint8_t cand[TQ_SUBBLOCK];
     float best_err = INFINITY;
     unsigned best = 0;
     for (unsigned j = 0; j < 16; ++j) {
         const float m = TQ_SUBSCALE[j];
-        tq_scaled_boundaries(bits, m, sb);
+        tq_scaled_bounds_fmt(f, m, sb);
         /* Canonical summation order: 8 lanes (lane = i mod 8) summed in sequence, then the fixed tree
          * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), which 8-wide SIMD reproduces exactly. */
         float lane[8] = {0};
-        for (int i = 0; i < TQ_SUBBLOCK; ++i) {
+        for (int i = 0; i < len; ++i) {
             cand[i] = tq_nearest(sb, nb, y[i]);
-            const float d = y[i] - m * cent[cand[i]];
+            const float d = y[i] - m * f->cent[cand[i]];
             lane[i & 7] += d * d;
         }
         const float err = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
         if (err < best_err) {
             best_err = err;
             best = j;
-            memcpy(idx, cand, sizeof cand);
+            memcpy(idx, cand, (size_t)len);
         }
     }
     return best;
 }
 
-static void tq_quantize_block_with(int bits, const float *x, void *block, tq_subscale_picker pick) {
+unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) { return tq_pick_fmt(tq_fmt_of(bits, TQ_BLOCK), y, idx); }
+
+/* pick: a replacement of the reference picker for 128-value blocks (SIMD), or NULL for the reference. */
+static void tq_quantize_fmt(const tq_fmt *f, const float *x, void *block, tq_subscale_picker pick) {
     uint8_t *out = (uint8_t *)block;
     uint8_t idx[TQ_BLOCK];
     float y[TQ_BLOCK];
+    const int n = f->n;
 
     double ss = 0.0;
-    for (int i = 0; i < TQ_BLOCK; ++i) {
+    for (int i = 0; i < n; ++i) {
         ss += (double)x[i] * (double)x[i];
     }
     if (!isfinite(ss)) { /* NaN or Inf somewhere: poison the block, read nothing more */
         memset(idx, 0, sizeof idx);
-        tq_pack_indices(bits, idx, out + TQ_HEADER_BYTES);
+        tq_pack_fmt(f, idx, out + TQ_HEADER_BYTES);
         tq_store_header(out, tq_fp32_to_bf16(NAN), 0);
         return;
     }
     const double norm = sqrt(ss);
-    for (int i = 0; i < TQ_BLOCK; ++i) {
+    for (int i = 0; i < n; ++i) {
         y[i] = norm > 0.0 ? (float)((double)x[i] / norm) : 0.0f;
     }
-    tq_rotate(y, y);
+    tq_rotate_fmt(f, y, y);
 
-    const float *cent = tq_centroids(bits);
+    const int len = n / 4;
     unsigned subs = 0;
     double yc = 0.0;
     double cc = 0.0;
-    for (int k = 0; k < TQ_BLOCK / TQ_SUBBLOCK; ++k) {
-        const unsigned j = pick(bits, y + k * TQ_SUBBLOCK, idx + k * TQ_SUBBLOCK);
+    for (int k = 0; k < 4; ++k) {
+        const unsigned j = pick ? pick(f->bits, y + k * len, idx + k * len) : tq_pick_fmt(f, y + k * len, idx + k * len);
         subs |= j << (4 * k);
-        for (int i = k * TQ_SUBBLOCK; i < (k + 1) * TQ_SUBBLOCK; ++i) {
-            const double c = (double)(TQ_SUBSCALE[j] * cent[idx[i]]);
+        for (int i = k * len; i < (k + 1) * len; ++i) {
+            const double c = (double)(TQ_SUBSCALE[j] * f->cent[idx[i]]);
             yc += (double)y[i] * c;
             cc += c * c;
         }
     }
-    tq_pack_indices(bits, idx, out + TQ_HEADER_BYTES);
+    tq_pack_fmt(f, idx, out + TQ_HEADER_BYTES);
     double s = norm * (yc / cc); /* cc > 0: no centroid is zero */
     if (s > (double)TQ_BF16_MAX) {
         s = (double)TQ_BF16_MAX;
@@ -215,92 +302,137 @@ static void tq_quantize_block_with(int bits, const float *x, void *block, tq_sub
 }
 
 void tq_quantize_block(int bits, const float *x, void *block) {
-    tq_quantize_block_with(bits, x, block, tq_pick_subscale);
+    tq_quantize_fmt(tq_fmt_of(bits, TQ_BLOCK), x, block, NULL);
 }
 
 /* The block's reconstruction in the rotated domain, without the scale: c'_i = m_k(i) * c[idx_i]. */
-static void tq_block_rotated(int bits, const uint8_t *block, float *c) {
+static void tq_block_rotated(const tq_fmt *f, const uint8_t *block, float *c) {
     uint8_t idx[TQ_BLOCK];
-    const float *cent = tq_centroids(bits);
     const unsigned subs = tq_load_subs(block);
-    tq_unpack_indices(bits, block + TQ_HEADER_BYTES, idx);
-    for (int i = 0; i < TQ_BLOCK; ++i) {
-        c[i] = TQ_SUBSCALE[(subs >> (4 * (i / TQ_SUBBLOCK))) & 15u] * cent[idx[i]];
+    const int len = f->n / 4;
+    tq_unpack_fmt(f, block + TQ_HEADER_BYTES, idx);
+    for (int i = 0; i < f->n; ++i) {
+        c[i] = TQ_SUBSCALE[(subs >> (4 * (i / len))) & 15u] * f->cent[idx[i]];
     }
 }
 
-void tq_dequantize_block(int bits, const void *block, float *x) {
+static void tq_dequantize_fmt(const tq_fmt *f, const void *block, float *x) {
     const float s = tq_load_scale((const uint8_t *)block);
-    tq_block_rotated(bits, (const uint8_t *)block, x);
-    tq_unrotate(x, x);
-    for (int i = 0; i < TQ_BLOCK; ++i) {
+    tq_block_rotated(f, (const uint8_t *)block, x);
+    tq_unrotate_fmt(f, x, x);
+    for (int i = 0; i < f->n; ++i) {
         x[i] *= s;
     }
 }
 
-static int tq_row_ok(int bits, int64_t n) { return tq_block_bytes(bits) != 0 && n >= 0 && n % TQ_BLOCK == 0; }
+void tq_dequantize_block(int bits, const void *block, float *x) {
+    tq_dequantize_fmt(tq_fmt_of(bits, TQ_BLOCK), block, x);
+}
 
-int tq_quantize_row_with(int bits, const float *x, void *dst, int64_t n, tq_subscale_picker pick) {
-    if (!tq_row_ok(bits, n)) {
+int tq_quantize_block_n(int bits, int n, const float *x, void *block) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    if (!f) {
         return -1;
     }
-    const size_t bb = tq_block_bytes(bits);
-    for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
-        tq_quantize_block_with(bits, x + b * TQ_BLOCK, (uint8_t *)dst + b * bb, pick ? pick : tq_pick_subscale);
+    tq_quantize_fmt(f, x, block, NULL);
+    return 0;
+}
+
+int tq_dequantize_block_n(int bits, int n, const void *block, float *x) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    if (!f) {
+        return -1;
+    }
+    tq_dequantize_fmt(f, block, x);
+    return 0;
+}
+
+/* The format of a row of len values in blocks of n, or NULL. */
+static const tq_fmt *tq_row_fmt(int bits, int n, int64_t len) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    return f && len >= 0 && len % n == 0 ? f : NULL;
+}
+
+static int tq_quantize_rows_fmt(const tq_fmt *f, const float *x, void *dst, int64_t len, tq_subscale_picker pick) {
+    if (!f) {
+        return -1;
+    }
+    for (int64_t b = 0; b < len / f->n; ++b) {
+        tq_quantize_fmt(f, x + b * f->n, (uint8_t *)dst + b * f->bytes, pick);
     }
     return 0;
+}
+
+int tq_quantize_row_with(int bits, const float *x, void *dst, int64_t n, tq_subscale_picker pick) {
+    return tq_quantize_rows_fmt(tq_row_fmt(bits, TQ_BLOCK, n), x, dst, n, pick);
 }
 
 int tq_quantize_row(int bits, const float *x, void *dst, int64_t n) {
-    return tq_quantize_row_with(bits, x, dst, n, tq_pick_subscale);
+    return tq_quantize_rows_fmt(tq_row_fmt(bits, TQ_BLOCK, n), x, dst, n, NULL);
 }
 
-int tq_dequantize_row(int bits, const void *src, float *x, int64_t n) {
-    if (!tq_row_ok(bits, n)) {
+int tq_quantize_row_n(int bits, int n, const float *x, void *dst, int64_t len) {
+    return tq_quantize_rows_fmt(tq_row_fmt(bits, n, len), x, dst, len, NULL);
+}
+
+int tq_dequantize_row_n(int bits, int n, const void *src, float *x, int64_t len) {
+    const tq_fmt *f = tq_row_fmt(bits, n, len);
+    if (!f) {
         return -1;
     }
-    const size_t bb = tq_block_bytes(bits);
-    for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
-        tq_dequantize_block(bits, (const uint8_t *)src + b * bb, x + b * TQ_BLOCK);
+    for (int64_t b = 0; b < len / n; ++b) {
+        tq_dequantize_fmt(f, (const uint8_t *)src + b * f->bytes, x + b * n);
     }
     return 0;
 }
 
-int tq_dequantize_row_rotated(int bits, const void *src, float *x, int64_t n) {
-    if (!tq_row_ok(bits, n)) {
+int tq_dequantize_row(int bits, const void *src, float *x, int64_t n) {
+    return tq_dequantize_row_n(bits, TQ_BLOCK, src, x, n);
+}
+
+int tq_dequantize_row_rotated_n(int bits, int n, const void *src, float *x, int64_t len) {
+    const tq_fmt *f = tq_row_fmt(bits, n, len);
+    if (!f) {
         return -1;
     }
-    const size_t bb = tq_block_bytes(bits);
-    for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
-        const uint8_t *blk = (const uint8_t *)src + b * bb;
-        float *xb = x + b * TQ_BLOCK;
+    for (int64_t b = 0; b < len / n; ++b) {
+        const uint8_t *blk = (const uint8_t *)src + b * f->bytes;
+        float *xb = x + b * n;
         const float s = tq_load_scale(blk);
-        tq_block_rotated(bits, blk, xb);
-        for (int i = 0; i < TQ_BLOCK; ++i) {
+        tq_block_rotated(f, blk, xb);
+        for (int i = 0; i < n; ++i) {
             xb[i] *= s;
         }
     }
     return 0;
 }
 
-float tq_dot_rotated_row(int bits, const void *src, const float *q_rot, int64_t n) {
-    if (!tq_row_ok(bits, n)) {
+int tq_dequantize_row_rotated(int bits, const void *src, float *x, int64_t n) {
+    return tq_dequantize_row_rotated_n(bits, TQ_BLOCK, src, x, n);
+}
+
+float tq_dot_rotated_row_n(int bits, int n, const void *src, const float *q_rot, int64_t len) {
+    const tq_fmt *f = tq_row_fmt(bits, n, len);
+    if (!f) {
         return NAN;
     }
-    const size_t bb = tq_block_bytes(bits);
     float c[TQ_BLOCK];
     float total = 0.0f;
-    for (int64_t b = 0; b < n / TQ_BLOCK; ++b) {
-        const uint8_t *blk = (const uint8_t *)src + b * bb;
-        const float *qb = q_rot + b * TQ_BLOCK;
-        tq_block_rotated(bits, blk, c);
+    for (int64_t b = 0; b < len / n; ++b) {
+        const uint8_t *blk = (const uint8_t *)src + b * f->bytes;
+        const float *qb = q_rot + b * n;
+        tq_block_rotated(f, blk, c);
         float acc = 0.0f;
-        for (int i = 0; i < TQ_BLOCK; ++i) {
+        for (int i = 0; i < n; ++i) {
             acc += c[i] * qb[i];
         }
         total += tq_load_scale(blk) * acc;
     }
     return total;
+}
+
+float tq_dot_rotated_row(int bits, const void *src, const float *q_rot, int64_t n) {
+    return tq_dot_rotated_row_n(bits, TQ_BLOCK, src, q_rot, n);
 }
 
 void tq_rotate_row(const float *x, void *y, int64_t k) {

@@ -27,6 +27,13 @@
  *                        [4..67] 64 bytes; byte j holds index j in its low nibble and index j+64 in its
  *                                high nibble (both halves of the block load as contiguous nibble runs).
  *
+ * 64-value blocks (TQ3_64 / TQ4_64: heads of 64, 192, ... whose size is not a multiple of 128): the same algorithm
+ * on 64 values with their own 64-point rotation (signs TQ_SIGNS_64, 1/sqrt(64)) and the codebooks of the d = 64
+ * coordinate law; the 4-byte header is the same, its 4 multipliers covering sub-blocks of 16 values
+ * (bench/results/head64_codec.md: at 3.5 / 4.5 bits, lower MSE than tq3 / tq4 at 128, and word-sized blocks).
+ *   block_tq3_64, 28 bytes: [0..3] header; [4..27] 8 groups of 3 bytes, as tq3.
+ *   block_tq4_64, 36 bytes: [0..3] header; [4..35] 32 bytes; byte j holds index j (low nibble) and j + 32.
+ *
  * Edge cases (all tested):
  *   - all-zero block -> s = 0, decodes to exact zeros;
  *   - any NaN or Inf in the block -> s = NaN, indices 0: the whole block decodes to NaN ("poisoned"),
@@ -48,6 +55,10 @@ extern "C" {
 #define TQ3_BLOCK_BYTES 52
 #define TQ4_BLOCK_BYTES 68
 
+#define TQ_BLOCK_64 64
+#define TQ3_64_BLOCK_BYTES 28
+#define TQ4_64_BLOCK_BYTES 36
+
 #define TQ_SUBBLOCK 32
 #define TQ_HEADER_BYTES 4
 /* 32-bit words per block (CUDA kernels load blocks as words) */
@@ -55,6 +66,7 @@ extern "C" {
 #define TQ4_BLOCK_WORDS (TQ4_BLOCK_BYTES / 4)
 /* 1/sqrt(128): makes the Walsh-Hadamard matrix H orthonormal */
 #define TQ_WHT_NORM 0.08838834764831845f
+#define TQ_WHT_NORM_64 0.125f
 /* the largest finite bfloat16 (0x7f7f): scales are clamped to it so rounding never produces Inf */
 #define TQ_BF16_MAX 3.38953139e38f
 
@@ -73,6 +85,8 @@ typedef struct {
 /* Sign pattern D: 128 bits, word w bit b <-> coordinate 32*w + b. Derived from the first two outputs of
  * splitmix64 seeded with 0x5451 (low word first); any fixed pattern works, this one is documented. */
 extern const uint32_t TQ_SIGNS[4];
+/* The 64-point rotation's signs: the first output of splitmix64 seeded with 0x5464 (low word first). */
+extern const uint32_t TQ_SIGNS_64[2];
 
 /* Bytes per block for bits = 3 or 4, 0 for anything else. */
 size_t tq_block_bytes(int bits);
@@ -132,6 +146,21 @@ void tq4_dequantize_row(const void *src, float *y, int64_t k);
  * codec has no importance weighting). Returns the bytes written, 0 if n_per_row is not a multiple of 128. */
 size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+
+/* Any block format: n = TQ_BLOCK (128, the functions above) or TQ_BLOCK_64. Invalid bits / n / length: 0 bytes,
+ * NULL, -1 or NaN, nothing written. */
+size_t tq_block_bytes_n(int bits, int n);
+const float *tq_centroids_n(int bits, int n);
+int tq_rotate_n(int n, const float *x, float *y);
+int tq_unrotate_n(int n, const float *y, float *x);
+int tq_pack_indices_n(int bits, int n, const uint8_t *idx, uint8_t *q);
+int tq_unpack_indices_n(int bits, int n, const uint8_t *q, uint8_t *idx);
+int tq_quantize_block_n(int bits, int n, const float *x, void *block);
+int tq_dequantize_block_n(int bits, int n, const void *block, float *x);
+int tq_quantize_row_n(int bits, int n, const float *x, void *dst, int64_t len);
+int tq_dequantize_row_n(int bits, int n, const void *src, float *x, int64_t len);
+int tq_dequantize_row_rotated_n(int bits, int n, const void *src, float *x, int64_t len);
+float tq_dot_rotated_row_n(int bits, int n, const void *src, const float *q_rot, int64_t len);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llama_tq.tooling.codebook_solver import solve, subscales
+from llama_tq.tooling.codebook_solver import Codebook, solve, subscales
 
 BLOCK = 128
 _M64 = (1 << 64) - 1
@@ -27,11 +27,11 @@ def splitmix64(seed: int, n: int) -> list[int]:
     return out
 
 
-def sign_vector(seed: int = 0x5451) -> np.ndarray:
+def sign_vector(seed: int = 0x5451, block: int = BLOCK) -> np.ndarray:
     bits = 0
-    for k, word in enumerate(splitmix64(seed, 2)):
+    for k, word in enumerate(splitmix64(seed, block // 64)):
         bits |= word << (64 * k)
-    return np.array([-1.0 if (bits >> i) & 1 else 1.0 for i in range(BLOCK)])
+    return np.array([-1.0 if (bits >> i) & 1 else 1.0 for i in range(block)])
 
 
 def hadamard(n: int = BLOCK) -> np.ndarray:
@@ -45,9 +45,18 @@ H = hadamard()
 D1 = sign_vector()
 D2 = sign_vector(0x5452)  # second round, only for the design measurement
 _BOOKS = {3: solve(3), 4: solve(4)}
+# 64-value blocks (tq3_64 / tq4_64): their own rotation (signs from seed 0x5464) and the d = 64 codebooks
+SIGN_SEED_64 = 0x5464
+_BOOKS_64 = {3: solve(3, dim=64), 4: solve(4, dim=64)}
 
 
-def rotation(rounds: int = 1) -> np.ndarray:
+def book(bits: int, block: int = BLOCK) -> Codebook:
+    return _BOOKS[bits] if block == BLOCK else _BOOKS_64[bits]
+
+
+def rotation(rounds: int = 1, block: int = BLOCK) -> np.ndarray:
+    if block != BLOCK:
+        return hadamard(block) @ np.diag(sign_vector(SIGN_SEED_64, block))
     r = H @ np.diag(D1)
     if rounds == 2:
         r = H @ np.diag(D2) @ r
@@ -69,57 +78,59 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
 
 
 def quantize(
-    x: np.ndarray, bits: int, rounds: int = 1, corrected: bool = True, subscaled: bool = True
+    x: np.ndarray, bits: int, rounds: int = 1, corrected: bool = True, subscaled: bool = True, block: int = BLOCK
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x: (n, 128). Returns (scale (n,), sub-scale indices (n, 4), idx (n, 128)).
+    """x: (n, block). Returns (scale (n,), sub-scale indices (n, 4), idx (n, block)).
 
     subscaled=False, corrected=False is the paper's spec layout (float norm, one codebook scale)."""
     x = np.asarray(x, dtype=np.float64)
-    book = _BOOKS[bits]
+    cb = book(bits, block)
     norm = np.linalg.norm(x, axis=1)
     u = np.divide(x, norm[:, None], out=np.zeros_like(x), where=norm[:, None] > 0)
-    y = u @ rotation(rounds).T
+    y = u @ rotation(rounds, block).T
     n = len(x)
     mults = SUBSCALES if subscaled else np.ones(1)
-    ys = y.reshape(n, 4, 32)
+    ys = y.reshape(n, 4, block // 4)
     best_err = np.full((n, 4), np.inf)
     sub = np.zeros((n, 4), dtype=np.int64)
-    idx = np.zeros((n, 4, 32), dtype=np.int64)
+    idx = np.zeros((n, 4, block // 4), dtype=np.int64)
     for j, m in enumerate(mults):
-        cand = np.searchsorted(m * book.boundaries, ys, side="left")
-        err = np.sum((ys - m * book.centroids[cand]) ** 2, axis=2)
+        cand = np.searchsorted(m * cb.boundaries, ys, side="left")
+        err = np.sum((ys - m * cb.centroids[cand]) ** 2, axis=2)
         win = err < best_err
         best_err = np.where(win, err, best_err)
         sub = np.where(win, j, sub)
         idx = np.where(win[..., None], cand, idx)
-    c = (mults[sub][..., None] * book.centroids[idx]).reshape(n, 128)
+    c = (mults[sub][..., None] * cb.centroids[idx]).reshape(n, block)
     scale = norm * np.sum(y * c, axis=1) / np.sum(c * c, axis=1) if corrected else norm
     if subscaled:
         scale = from_bf16(to_bf16(scale))
-    return scale, sub.astype(np.uint8), idx.reshape(n, 128).astype(np.uint8)
+    return scale, sub.astype(np.uint8), idx.reshape(n, block).astype(np.uint8)
 
 
-def dequantize(scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int, rounds: int = 1) -> np.ndarray:
-    mult = SUBSCALES[np.repeat(sub, 32, axis=1)] if sub.size else 1.0
-    c = mult * _BOOKS[bits].centroids[idx]
-    return scale[:, None] * (c @ rotation(rounds))
+def dequantize(
+    scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int, rounds: int = 1, block: int = BLOCK
+) -> np.ndarray:
+    mult = SUBSCALES[np.repeat(sub, block // 4, axis=1)] if sub.size else 1.0
+    c = mult * book(bits, block).centroids[idx]
+    return scale[:, None] * (c @ rotation(rounds, block))
 
 
 def pack(scale: np.ndarray, sub: np.ndarray, idx: np.ndarray, bits: int) -> np.ndarray:
-    """Blocks as bytes, per the layout documented in csrc/codec/tq_codec.h."""
-    n = idx.shape[0]
+    """Blocks as bytes, per the layout documented in csrc/codec/tq_codec.h (the block size is idx's width)."""
+    n, block = idx.shape
     subs = np.sum(sub.astype(np.uint32) << (4 * np.arange(4, dtype=np.uint32)), axis=1)
     head = np.stack([to_bf16(scale), subs.astype(np.uint16)], axis=1).astype("<u2").view(np.uint8).reshape(n, 4)
     if bits == 4:
-        body = (idx[:, :64] | (idx[:, 64:] << 4)).astype(np.uint8)
+        body = (idx[:, : block // 2] | (idx[:, block // 2 :] << 4)).astype(np.uint8)
     else:
-        g = idx.reshape(n, 16, 8).astype(np.uint32)
+        g = idx.reshape(n, block // 8, 8).astype(np.uint32)
         w = np.sum(g << (3 * np.arange(8, dtype=np.uint32)), axis=2)
-        body = np.stack([w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF], axis=2).reshape(n, 48).astype(np.uint8)
+        body = np.stack([w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF], axis=2).reshape(n, -1).astype(np.uint8)
     return np.concatenate([head, body], axis=1)
 
 
-def unpack(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def unpack(blocks: np.ndarray, bits: int, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = blocks.shape[0]
     head = blocks[:, :4].copy().view("<u2").reshape(n, 2)
     scale = from_bf16(head[:, 0])
@@ -128,9 +139,9 @@ def unpack(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.nd
     if bits == 4:
         idx = np.concatenate([body & 15, body >> 4], axis=1)
     else:
-        b = body.reshape(n, 16, 3).astype(np.uint32)
+        b = body.reshape(n, block // 8, 3).astype(np.uint32)
         w = b[:, :, 0] | (b[:, :, 1] << 8) | (b[:, :, 2] << 16)
-        idx = ((w[:, :, None] >> (3 * np.arange(8, dtype=np.uint32))) & 7).reshape(n, 128)
+        idx = ((w[:, :, None] >> (3 * np.arange(8, dtype=np.uint32))) & 7).reshape(n, block)
     return scale, sub, idx.astype(np.uint8)
 
 
