@@ -48,25 +48,39 @@ def test_memory_report_default_model(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "4.92x" in capsys.readouterr().out
 
 
-def test_memory_report_flags_unsupported_head_size(tmp_path: Path) -> None:
+def header_only_model(path: Path, head: int) -> Path:
     gguf = pytest.importorskip("gguf")
-    path = tmp_path / "h96.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(2)
-    w.add_embedding_length(384)
+    w.add_embedding_length(4 * head)
     w.add_head_count(4)
     w.add_head_count_kv(2)
-    w.add_key_length(96)
-    w.add_value_length(96)
+    w.add_key_length(head)
+    w.add_value_length(head)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    rep = memory_report(path, n_ctx=1024, quiet=True)
+    return path
+
+
+def test_memory_report_flags_unsupported_head_size(tmp_path: Path) -> None:
+    rep = memory_report(header_only_model(tmp_path / "h96.gguf", 96), n_ctx=1024, quiet=True)
     rows = {r["type"]: r for r in rep["rows"]}
     assert not rows["tq3"]["supported"] and not rows["tq4"]["supported"]
     assert rows["q8_0"]["supported"]
-    assert any("96" in n and "multiple of 128" in n for n in rep["notes"])
+    assert any("96" in n and "multiple of 64" in n for n in rep["notes"])
+
+
+def test_memory_report_head_64_counts_64_value_blocks(tmp_path: Path) -> None:
+    """Head 64: tq3/tq4 are stored as tq3_64/tq4_64 (28 / 36 bytes per 64 values), as libllama picks them."""
+    rep = memory_report(header_only_model(tmp_path / "h64.gguf", 64), n_ctx=1024, quiet=True)
+    rows = {r["type"]: r for r in rep["rows"]}
+    # 2 layers x 2 KV heads x (K + V) rows of 64 values
+    assert rows["tq3"]["bytes_per_token"] == 2 * 2 * 2 * 28
+    assert rows["tq4"]["bytes_per_token"] == 2 * 2 * 2 * 36
+    assert rows["f16"]["bytes_per_token"] == 2 * 2 * 2 * 128
+    assert any("stored as tq3_64" in n for n in rep["notes"])
 
 
 def test_memory_missing_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq.cachetypes import cache_type
+from llama_tq.cachetypes import cache_type, for_head
 from llama_tq.harness.demo import default_text
 from llama_tq.models import default_model
 from llama_tq.synth import write_synth_model
@@ -93,23 +93,46 @@ def test_unknown_cache_type_is_a_clear_error() -> None:
     assert "tq5" in proc.stdout + proc.stderr
 
 
-def synth_model(path: Path, n_embd: int, n_head: int) -> Path:
+def synth_model(path: Path, n_embd: int, n_head: int, byte_vocab: bool = False) -> Path:
     return write_synth_model(path, n_layer=2, n_embd=n_embd, n_head=n_head, n_head_kv=2, n_ff=512, n_vocab=512,
-                             n_ctx=1024)  # fmt: skip
+                             n_ctx=1024, byte_vocab=byte_vocab)  # fmt: skip
 
 
 def test_unsupported_head_size_fails_cleanly(tmp_path: Path, wiki_head: Path) -> None:
-    """Head size 64: tq needs whole 128-value blocks per head, so context creation fails with a message naming
-    the head size, with and without flash attention (a quantized V needs it anyway), and nothing aborts."""
-    model = synth_model(tmp_path / "h64.gguf", n_embd=256, n_head=4)
+    """Head size 96: no TQ block fits (128-value blocks need a multiple of 128, 64-value blocks of 64), so context
+    creation fails with a message naming the head size, with and without flash attention, and nothing aborts."""
+    model = synth_model(tmp_path / "h96.gguf", n_embd=384, n_head=4)
     cases = [("on", ["-ctk", "tq3"]), ("off", ["-ctk", "tq3"]), ("on", ["-ctk", "f16", "-ctv", "tq4"])]
     for fa, flags in cases:
         proc = run(["llama-perplexity", "-m", str(model), "-f", str(wiki_head), "-c", "128", "-fa", fa, *flags])
         text = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        assert "head size is not supported" in text, f"rc={proc.returncode}: {text[-2000:]}"
-        assert re.search(r"n_embd_head_[kv]=64", text)
+        assert re.search(r"cache type tq[34] does not support head size 96", text), (
+            f"rc={proc.returncode}: {text[-2000:]}"
+        )
+        assert "multiple of 64" in text
         assert "GGML_ASSERT" not in text and "Aborted" not in text
+
+
+@pytest.mark.parametrize(("head", "kind"), [(64, "tq3"), (64, "tq4"), (192, "tq3")])
+def test_heads_of_64_use_64_value_blocks(tmp_path: Path, wiki_head: Path, head: int, kind: str) -> None:
+    """Heads of 64 and 192 (multiples of 64, not of 128): -ctk/-ctv tq3|tq4 store 64-value blocks (tq3_64 28 B,
+    tq4_64 36 B), the KV size lines equal that layout, and the model runs through flash attention (rotated-domain K
+    dot and V sum) and -fa off (K*Q as a MUL_MAT) with a PPL close to the f16 cache's (random weights, byte
+    vocabulary: the numbers only compare caches)."""
+    model = synth_model(tmp_path / f"h{head}.gguf", n_embd=2 * head, n_head=2, byte_vocab=True)
+    stored = f"{kind}_64"
+    ppl_f16, _ = perplexity(model, wiki_head, "f16", "f16")
+    for fa, ctv in (("on", kind), ("off", "f16")):
+        ppl, log = perplexity(model, wiki_head, kind, ctv, fa=fa)
+        assert f"K cache type {kind} uses 64-value blocks ({stored}" in log, log[-3000:]
+        assert math.isfinite(ppl) and ppl < ppl_f16 * 1.05, (fa, ppl, ppl_f16)
+        m = re.search(r"size = +[0-9.]+ MiB \( *(\d+) cells, +(\d+) layers.*?K \((\w+)\): +([0-9.]+) MiB", log)
+        assert m, log[-3000:]
+        cells, layers, tk, k_mib = m.groups()
+        row = for_head(kind, head).row_bytes(head)
+        assert tk == stored and row == head // 64 * (28 if kind == "tq3" else 36)
+        assert k_mib == f"{int(cells) * int(layers) * 2 * row / 2**20:.2f}"  # 2 KV heads
 
 
 def test_llama_bench_runs_tq(tmp_path: Path) -> None:

@@ -468,3 +468,38 @@ size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_ro
     (void)imatrix;
     return quantize_rows(4, src, dst, nrows, n_per_row);
 }
+
+/* ggml-style entry points of the 64-value blocks (row length k, a multiple of 64). */
+void tq_rotate_row_64(const float *x, void *y, int64_t k) {
+    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b) {
+        tq_rotate_fmt(&TQ_FMT3_64, x + b * TQ_BLOCK_64, (float *)y + b * TQ_BLOCK_64);
+    }
+}
+
+void tq_unrotate_row_64(const void *y, float *x, int64_t k) {
+    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b) {
+        tq_unrotate_fmt(&TQ_FMT3_64, (const float *)y + b * TQ_BLOCK_64, x + b * TQ_BLOCK_64);
+    }
+}
+
+void tq3_64_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_64, x, dst, k); }
+void tq4_64_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_64, x, dst, k); }
+void tq3_64_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(3, TQ_BLOCK_64, src, y, k); }
+void tq4_64_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(4, TQ_BLOCK_64, src, y, k); }
+
+static size_t quantize_rows_64(int bits, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
+    if (n_per_row % TQ_BLOCK_64 != 0 || tq_quantize_row_n(bits, TQ_BLOCK_64, src, dst, nrows * n_per_row) != 0) {
+        return 0;
+    }
+    return (size_t)(nrows * (n_per_row / TQ_BLOCK_64)) * tq_block_bytes_n(bits, TQ_BLOCK_64);
+}
+
+size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    return quantize_rows_64(3, src, dst, nrows, n_per_row);
+}
+
+size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    return quantize_rows_64(4, src, dst, nrows, n_per_row);
+}

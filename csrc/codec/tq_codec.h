@@ -162,6 +162,17 @@ int tq_dequantize_row_n(int bits, int n, const void *src, float *x, int64_t len)
 int tq_dequantize_row_rotated_n(int bits, int n, const void *src, float *x, int64_t len);
 float tq_dot_rotated_row_n(int bits, int n, const void *src, const float *q_rot, int64_t len);
 
+/* ggml-style entry points of the 64-value blocks (row length k, a multiple of 64): GGML_TYPE_TQ3_64 / TQ4_64 and
+ * their rotated-query helper type (tq_rotate_n(64, ...) on each 64-block). */
+void tq_rotate_row_64(const float *x, void *y, int64_t k);
+void tq_unrotate_row_64(const void *y, float *x, int64_t k);
+void tq3_64_quantize_row(const float *x, void *dst, int64_t k);
+void tq4_64_quantize_row(const float *x, void *dst, int64_t k);
+void tq3_64_dequantize_row(const void *src, float *y, int64_t k);
+void tq4_64_dequantize_row(const void *src, float *y, int64_t k);
+size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+
 #ifdef __cplusplus
 }
 #endif

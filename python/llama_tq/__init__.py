@@ -21,7 +21,9 @@ __version__ = "0.1.0"
 _CODEC_NAMES = {"quantize", "dequantize", "rotate", "unrotate", "codebook", "signs", "dot_rotated"}
 __all__ = [
     "GGML_TYPE_TQ3",
+    "GGML_TYPE_TQ3_64",
     "GGML_TYPE_TQ4",
+    "GGML_TYPE_TQ4_64",
     "LlamaTqError",
     "bin_dir",
     "include_dir",
@@ -41,7 +43,7 @@ def __getattr__(name: str) -> Any:
         from . import _codec
 
         return getattr(_codec, name)
-    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4"):  # the shipped library's ids, read at run time
+    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64"):  # the library's ids
         from . import binding
 
         return getattr(binding, name)

@@ -125,7 +125,8 @@ def triatt_stats(llm_or_ctx: object) -> tuple[int, int]:
 
 
 def __getattr__(name: str) -> int:
-    """GGML_TYPE_TQ3 / GGML_TYPE_TQ4: the library's own ids for the TQ types."""
-    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4"):
+    """GGML_TYPE_TQ3 / GGML_TYPE_TQ4 (and the 64-value GGML_TYPE_TQ3_64 / TQ4_64, which libllama also picks by
+    itself for heads that need them): the library's own ids for the TQ types."""
+    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64"):
         return ggml_type_id(name.removeprefix("GGML_TYPE_").lower())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

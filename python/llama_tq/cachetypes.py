@@ -17,7 +17,7 @@ _Q = gguf.GGMLQuantizationType
 # upstream's kv_cache_types (common/arg.cpp), in its order
 _UPSTREAM = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0, "q4_0": _Q.Q4_0, "q4_1": _Q.Q4_1,
              "iq4_nl": _Q.IQ4_NL, "q5_0": _Q.Q5_0, "q5_1": _Q.Q5_1}  # fmt: skip
-TQ_TYPES = ("tq3", "tq4")
+TQ_TYPES = ("tq3", "tq4", "tq3_64", "tq4_64")  # the _64 variants: 64-value blocks, picked for heads that need them
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class CacheType:
 
 CACHE_TYPES: dict[str, CacheType] = {
     **{n: CacheType(n, *gguf.GGML_QUANT_SIZES[t]) for n, t in _UPSTREAM.items()},
-    **{n: CacheType(n, _codec.BLOCK, _codec.BLOCK_BYTES[n]) for n in TQ_TYPES},
+    **{n: CacheType(n, _codec.BLOCK_VALUES[n], _codec.BLOCK_BYTES[n]) for n in TQ_TYPES},
 }
 # what `llama-tq memory` and the demo compare, smallest-loss first
 REPORT_TYPES = ("f16", "q8_0", "q4_0", "tq4", "tq3")
@@ -52,6 +52,14 @@ def cache_type(name: str) -> CacheType:
         return CACHE_TYPES[name]
     except KeyError:
         raise UsageError(f"unknown cache type '{name}' (known: {', '.join(CACHE_TYPES)})") from None
+
+
+def for_head(name: str, head: int) -> CacheType:
+    """The type llama.cpp stores for a head size: tq3/tq4 switch to their 64-value blocks (tq3_64/tq4_64) where the
+    head is a multiple of 64 but not of 128, as libllama does at context creation (llama-tq-types.h)."""
+    if name in ("tq3", "tq4") and head % 128 and head % 64 == 0:
+        name = f"{name}_64"
+    return cache_type(name)
 
 
 def is_tq(name: str) -> bool:

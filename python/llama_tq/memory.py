@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .cachetypes import REPORT_TYPES, cache_type
+from .cachetypes import REPORT_TYPES, cache_type, for_head, is_tq
 
 # Architectures whose sliding-window layer pattern llama.cpp hard-codes (every n-th layer is global).
 _SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}
@@ -49,8 +49,9 @@ def read_attn_params(path: Path) -> AttnParams:
 
 
 def row_bytes(kind: str, n_values: int) -> int | None:
-    """Bytes of one row of n_values in a cache type, or None if the row is not a whole number of blocks."""
-    return cache_type(kind).row_bytes(n_values)
+    """Bytes of one head row of n_values as llama.cpp stores it (tq3/tq4 in 64-value blocks where the head needs
+    them), or None if the row is not a whole number of blocks."""
+    return for_head(kind, n_values).row_bytes(n_values)
 
 
 def kv_bytes_per_token(p: AttnParams, k_type: str, v_type: str) -> int | None:
@@ -70,10 +71,15 @@ def memory_report(gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512,
         k = row_bytes(kind, p.head_k)
         v = row_bytes(kind, p.head_v)
         if k is None or v is None:
-            block = cache_type(kind).block
-            notes.append(f"{kind}: head size K={p.head_k}/V={p.head_v} is not a multiple of {block}: unsupported")
+            need = "64 (TQ blocks of 128 or 64 values)" if is_tq(kind) else str(cache_type(kind).block)
+            notes.append(f"{kind}: head size K={p.head_k}/V={p.head_v} is not a multiple of {need}: unsupported")
             rows.append({"type": kind, "supported": False})
             continue
+        stored = sorted({for_head(kind, p.head_k).name, for_head(kind, p.head_v).name})
+        if stored != [kind]:
+            notes.append(
+                f"{kind}: stored as {'/'.join(stored)} (64-value blocks) for head size K={p.head_k}/V={p.head_v}"
+            )
         per_layer = [(k + v) * h for h in p.n_head_kv]
         per_token = int(np.sum(per_layer))
         cells = [min(n_ctx, p.sliding_window + n_ubatch) if p.is_swa(i) else n_ctx for i in range(p.n_layer)]

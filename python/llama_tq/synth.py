@@ -3,7 +3,9 @@
 The default shape is the end-to-end speed protocol's (8 layers, n_embd 2048, 16 heads, 4 KV heads, head 128);
 weights are Q8_0 blocks written as raw bytes (random int8 and a fixed f16 scale), so a model takes seconds. The
 vocabulary is `n_vocab` dummy tokens (tokenizer model "none"): enough for llama-bench and for context creation,
-not for tools that tokenize text.
+not for tools that tokenize text. `byte_vocab=True` (`--byte-vocab`) writes a real SentencePiece vocabulary
+instead: <unk>, <s>, </s> and the 256 byte tokens, so any text tokenizes (byte fallback) and llama-perplexity /
+llama-completion run on the model (random weights make PPL meaningless; KLD still compares caches).
 
     python -m llama_tq.synth out.gguf [--n-layer 8 --n-embd 2048 --n-head 16 --n-head-kv 4 ...]
 """
@@ -36,8 +38,11 @@ def write_synth_model(
     n_vocab: int = 32000,
     n_ctx: int = 131072,
     seed: int = 7,
+    byte_vocab: bool = False,
 ) -> Path:
     """Write a random-weight llama GGUF with head size n_embd / n_head; returns its path."""
+    if byte_vocab:
+        n_vocab = 3 + 256
     if n_embd % n_head or n_embd % 32 or n_ff % 32:
         raise ValueError(f"n_embd {n_embd} must be a multiple of n_head {n_head} and of 32, n_ff {n_ff} of 32")
     rng = np.random.default_rng(seed)
@@ -55,7 +60,17 @@ def write_synth_model(
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(7)  # mostly Q8_0
-    w.add_tokenizer_model("none")
+    if byte_vocab:
+        tt = gguf.TokenType
+        w.add_tokenizer_model("llama")
+        w.add_token_list(["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))])
+        w.add_token_scores([0.0] * n_vocab)
+        w.add_token_types([tt.UNKNOWN, tt.CONTROL, tt.CONTROL, *([tt.BYTE] * 256)])
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    else:
+        w.add_tokenizer_model("none")
 
     def mat(name: str, ne0: int, ne1: int, amp: float = 0.05) -> None:
         w.add_tensor(name, q8_0(rng, ne1, ne0, amp), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
@@ -90,8 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, default in (("n-layer", 8), ("n-embd", 2048), ("n-head", 16), ("n-head-kv", 4), ("n-ff", 5632),
                           ("n-vocab", 32000), ("n-ctx", 131072), ("seed", 7)):  # fmt: skip
         ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--byte-vocab", action="store_true", help="a byte-level SentencePiece vocabulary (tokenizes text)")
     a = ap.parse_args(argv)
-    write_synth_model(a.out, a.n_layer, a.n_embd, a.n_head, a.n_head_kv, a.n_ff, a.n_vocab, a.n_ctx, a.seed)
+    write_synth_model(a.out, a.n_layer, a.n_embd, a.n_head, a.n_head_kv, a.n_ff, a.n_vocab, a.n_ctx, a.seed,
+                      a.byte_vocab)  # fmt: skip
     print(f"wrote {a.out}")
 
 

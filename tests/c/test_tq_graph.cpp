@@ -105,7 +105,8 @@ static void test_set_get_rows(ggml_type t, int bits, int64_t d, std::mt19937 & r
     }
     compute(ctx, ggml_set_rows(ctx, cache, src, idx), 2);
 
-    std::vector<uint8_t> want(tq_block_bytes(bits) * (d / TQ_BLOCK));
+    const int nb = (int) ggml_blck_size(t);  // 128, or 64 for the 64-value variants
+    std::vector<uint8_t> want(tq_block_bytes_n(bits, nb) * (d / nb));
     std::vector<float> deq(d);
     ggml_tensor * gidx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_new);
     for (int64_t i = 0; i < n_new; ++i) {
@@ -116,9 +117,9 @@ static void test_set_get_rows(ggml_type t, int bits, int64_t d, std::mt19937 & r
     bool bytes_ok = true, rows_ok = true;
     for (int64_t i = 0; i < n_new; ++i) {
         const int64_t cell = ((int64_t *) idx->data)[i];
-        tq_quantize_row(bits, vals.data() + i * d, want.data(), d);
+        tq_quantize_row_n(bits, nb, vals.data() + i * d, want.data(), d);
         bytes_ok &= std::memcmp((char *) cache->data + cell * cache->nb[1], want.data(), want.size()) == 0;
-        tq_dequantize_row(bits, want.data(), deq.data(), d);
+        tq_dequantize_row_n(bits, nb, want.data(), deq.data(), d);
         rows_ok &= std::memcmp((float *) got->data + i * d, deq.data(), d * sizeof(float)) == 0;
     }
     check(bytes_ok, std::string("SET_ROWS bytes == codec, ") + ggml_type_name(t) + " d=" + std::to_string(d));
@@ -252,6 +253,30 @@ int main() {
             for (int64_t n_kv : {1, 70, 600}) {
                 for (int64_t r : {1, 4, 7}) {
                     test_flash_attn(pr[0], pr[1], d, n_kv, r, n_kv > 1 && r != 4, rng);
+                }
+            }
+        }
+    }
+    // the 64-value variants (heads that are not a multiple of 128), on their own and paired with other types
+    const struct {
+        ggml_type t;
+        int bits;
+    } tq64[] = {{GGML_TYPE_TQ3_64, 3}, {GGML_TYPE_TQ4_64, 4}};
+    for (int64_t d : {64, 192}) {
+        for (const auto & x : tq64) {
+            test_set_get_rows(x.t, x.bits, d, rng);
+            for (int64_t n_kv : {1, 33}) {
+                test_mul_mat(x.t, d, n_kv, rng);
+            }
+        }
+        const ggml_type pairs[][2] = {
+            {GGML_TYPE_TQ3_64, GGML_TYPE_TQ3_64}, {GGML_TYPE_TQ4_64, GGML_TYPE_TQ4_64}, {GGML_TYPE_TQ4_64, GGML_TYPE_TQ3_64},
+            {GGML_TYPE_Q8_0, GGML_TYPE_TQ3_64},   {GGML_TYPE_F16, GGML_TYPE_TQ4_64},    {GGML_TYPE_TQ3_64, GGML_TYPE_F16},
+        };
+        for (const auto & pr : pairs) {
+            for (int64_t n_kv : {1, 70, 600}) {
+                for (int64_t r : {1, 4}) {
+                    test_flash_attn(pr[0], pr[1], d, n_kv, r, n_kv > 1, rng);
                 }
             }
         }

@@ -1,10 +1,13 @@
 // llama-tq: see llama-tq-attn-rot.h.
 #include "llama-tq-attn-rot.h"
 
+#include "llama-tq-types.h"
+
 #include <cstdlib>
 #include <cstring>
 
 bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_equalized) {
+    type = llama_tq_base_type(type); // the 64-value blocks follow their bit width's default
     if (type != GGML_TYPE_TQ3 && type != GGML_TYPE_TQ4) {
         return true;
     }

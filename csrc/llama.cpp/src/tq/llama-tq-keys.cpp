@@ -5,6 +5,7 @@
 #include "llama-impl.h"
 #include "llama-io.h"
 #include "llama-model.h"
+#include "llama-tq-types.h"
 
 #include <algorithm>
 #include <cmath>
@@ -108,7 +109,7 @@ llama_tq_keys::~llama_tq_keys() {
 void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
     const char * env = std::getenv("LLAMA_TQ_KEYS");
     const std::string mode = env != nullptr && *env != '\0' ? env : "auto";
-    const bool tq = type_k == GGML_TYPE_TQ3 || type_k == GGML_TYPE_TQ4;
+    const bool tq = llama_tq_is_tq(type_k);
     center = equalize = false;
     const char * off = std::getenv("LLAMA_TQ_KEYS_TEST_OFFSET");
     test_offset = off != nullptr ? std::strtof(off, nullptr) : 0.0f;

@@ -348,8 +348,39 @@ void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k) {
 
 void ggml_tq_unrotate_inplace(float *v, int64_t n) { tq_unrotate_row(v, v, n); }
 
+/* The 64-value blocks (heads that are not a multiple of 128) run on the codec's C loops (no SIMD yet). */
+void ggml_tq3_64_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_64, x, y, k); }
+void ggml_tq4_64_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_64, x, y, k); }
+void ggml_tq_qrot_64_from_float(const float *x, void *y, int64_t k) { tq_rotate_row_64(x, y, k); }
+
+void ggml_vec_dot_tq3_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                              int nrc) {
+    (void)bs; (void)bx; (void)by; (void)nrc;
+    *s = tq_dot_rotated_row_n(3, TQ_BLOCK_64, vx, (const float *)vy, n);
+}
+
+void ggml_vec_dot_tq4_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                              int nrc) {
+    (void)bs; (void)bx; (void)by; (void)nrc;
+    *s = tq_dot_rotated_row_n(4, TQ_BLOCK_64, vx, (const float *)vy, n);
+}
+
+static void tq3_64_to_float_rotated(const void *x, float *y, int64_t k) {
+    (void)tq_dequantize_row_rotated_n(3, TQ_BLOCK_64, x, y, k);
+}
+static void tq4_64_to_float_rotated(const void *x, float *y, int64_t k) {
+    (void)tq_dequantize_row_rotated_n(4, TQ_BLOCK_64, x, y, k);
+}
+static void tq_unrotate_64_inplace(float *v, int64_t n) { tq_unrotate_row_64(v, v, n); }
+
 ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *unrotate) {
     switch (type) {
+        case GGML_TYPE_TQ3_64:
+            *unrotate = tq_unrotate_64_inplace;
+            return tq3_64_to_float_rotated;
+        case GGML_TYPE_TQ4_64:
+            *unrotate = tq_unrotate_64_inplace;
+            return tq4_64_to_float_rotated;
         case GGML_TYPE_TQ3:
             *unrotate = ggml_tq_unrotate_inplace;
             return ggml_tq3_to_float_rotated;

@@ -1,4 +1,5 @@
-/* CPU kernels of the TQ3/TQ4 KV types for ggml's CPU backend (entries of its type_traits_cpu table).
+/* CPU kernels of the TQ3/TQ4 KV types and their 64-value variants TQ3_64/TQ4_64 for ggml's CPU backend (entries
+ * of its type_traits_cpu table).
  *
  * K.Q runs in the rotated domain: the query is converted once per row to GGML_TYPE_TQ_QROT (float32 values,
  * rotated block by block with tq_rotate), and the dot product of a TQ row with it is
@@ -26,6 +27,15 @@ void ggml_tq_qrot_from_float(const float *x, void *y, int64_t k);
 
 void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
 void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+
+/* GGML_TYPE_TQ3_64 / TQ4_64 (64-value blocks) and their query helper GGML_TYPE_TQ_QROT_64 (rotated per 64). */
+void ggml_tq3_64_from_float(const float *x, void *y, int64_t k);
+void ggml_tq4_64_from_float(const float *x, void *y, int64_t k);
+void ggml_tq_qrot_64_from_float(const float *x, void *y, int64_t k);
+void ggml_vec_dot_tq3_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                              int nrc);
+void ggml_vec_dot_tq4_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                              int nrc);
 
 /* FLASH_ATTN_EXT's V path. For a TQ V type, returns a to_float that leaves rows in the rotated domain
  * (s * c', no inverse WHT per row) and sets *unrotate to the function that maps the attention-weighted sum

@@ -1,0 +1,104 @@
+"""Issue 14: TQ cache types on every head size, CPU. Synthetic random-weight llama models with a byte vocabulary
+(`llama_tq.synth`, so llama-perplexity runs) for head sizes 64, 96, 128, 192 and 256: the block each type is stored
+in, its bits per value, the codec MSE of that block on unit vectors, and the mean KLD against an f16 cache of the
+same run next to q4_0's (random weights make PPL meaningless, KLD still compares caches).
+
+    python bench/head_sizes.py [--chunks 3] [--heads 64,96,128,192,256]
+
+Writes bench/results/head_sizes.{md,json}. Text: the demo's embedded default (Python's pydoc topics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from llama_tq import _codec
+from llama_tq import reference as ref
+from llama_tq.cachetypes import for_head
+from llama_tq.errors import UsageError
+from llama_tq.harness import ppl
+from llama_tq.harness.common import KvConfig
+from llama_tq.harness.demo import default_text
+from llama_tq.synth import write_synth_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPES = ("q4_0", "tq4", "tq3")
+
+
+def unit_mse(kind: str, dim: int, n: int = 10_000) -> float:
+    """MSE of a stored block type on n random unit vectors of its block size (q4_0: of 128 values)."""
+    x = np.random.default_rng(0).standard_normal((n, dim))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    y = ref.q4_0_roundtrip(x) if kind == "q4_0" else _codec.dequantize(_codec.quantize(x, kind), kind)
+    return float(np.mean(np.sum((x.astype(np.float64) - y) ** 2, axis=1)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--heads", default="64,96,128,192,256")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    heads = [int(h) for h in args.heads.split(",")]
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="llama-tq-heads-") as tmp:
+        text = Path(tmp) / "text.txt"
+        text.write_text(default_text())
+        for head in heads:
+            # 4 query heads on 2 KV heads (GQA 2), 2 layers
+            model = write_synth_model(Path(tmp) / f"h{head}.gguf", n_layer=2, n_embd=4 * head, n_head=4, n_head_kv=2,
+                                      n_ff=512, n_ctx=4096, byte_vocab=True)  # fmt: skip
+            ok = [t for t in TYPES if for_head(t, head).row_bytes(head) is not None]
+            results = {}
+            if ok:
+                configs = [KvConfig(t, t) for t in ok]
+                out = Path(tmp) / f"runs_h{head}"
+                for r in ppl.run_matrix(model, text, configs, ctx=args.ctx, chunks=args.chunks, out_dir=out):
+                    results[r.config] = r
+            q4 = results.get("q4_0/q4_0")
+            for t in TYPES:
+                stored = for_head(t, head)
+                row: dict[str, object] = {"head": head, "type": t}
+                if t not in ok:
+                    row.update({"supported": "refused at context creation (TQ needs a multiple of 64)"})
+                    rows.append(row)
+                    continue
+                r = results[f"{t}/{t}"]
+                how = ("64-value blocks (" + stored.name + ")" if stored.block == 64 else
+                       f"{stored.block}-value blocks") if t != "q4_0" else "32-value blocks"  # fmt: skip
+                row.update({"supported": how, "stored": stored.name, "bits": stored.bits,
+                            "mse_unit": unit_mse(stored.name, stored.block if t != "q4_0" else 128),
+                            "kld": r.kld, "kld_vs_q4_0": (r.kld / q4.kld) if q4 and q4.kld and r.kld else None,
+                            "ok": r.ok})  # fmt: skip
+                rows.append(row)
+    meta = {"command": f"python bench/head_sizes.py --chunks {args.chunks} --heads {args.heads}",
+            "protocol": f"llama-perplexity -c {args.ctx} -b 512 --chunks {args.chunks} -fa on -t 2, KLD vs f16 "
+                        "(same run); synthetic 2-layer llama, 4 heads / 2 KV heads, byte vocabulary"}  # fmt: skip
+    (args.out / "head_sizes.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = ["# TQ cache types by head size (issue 14, CPU)", "", f"`{meta['command']}`: {meta['protocol']}.",
+             "MSE: the stored block on 10,000 random unit vectors of its block size (q4_0: of 128 values).", "",
+             "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | supported how |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "bits" not in r:
+            lines.append(f"| {r['head']} | {r['type']} | - | - | - | - | {r['supported']} |")
+            continue
+        ratio = f"{r['kld_vs_q4_0']:.2f}" if isinstance(r["kld_vs_q4_0"], float) else "-"
+        kld = f"{r['kld']:.5f}" if isinstance(r["kld"], float) else "-"
+        lines.append(f"| {r['head']} | {r['type']} | {r['bits']:.3f} | {r['mse_unit']:.5f} | {kld} | {ratio} | "
+                     f"{r['supported']} |")  # fmt: skip
+    (args.out / "head_sizes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UsageError as e:
+        raise SystemExit(str(e)) from None

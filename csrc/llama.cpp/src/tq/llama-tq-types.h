@@ -1,0 +1,73 @@
+// llama-tq: the TQ cache types and the block size that fits a model's heads (issue 14).
+//
+// Users pick tq3 / tq4. A head size that is a multiple of 128 keeps the 128-value types (52 / 68 bytes per block);
+// one that is a multiple of 64 but not of 128 (64, 192, ...) gets the 64-value variants tq3_64 / tq4_64 (28 / 36
+// bytes: the same algorithm with a 64-point rotation, tq_codec.h). Other head sizes, and MLA caches, are refused at
+// context creation with a message that names the head size.
+#pragma once
+
+#include "ggml.h"
+#include "llama-hparams.h"
+#include "llama-impl.h"
+#include "llama-model.h"
+
+#include <cstdint>
+
+inline bool llama_tq_is_tq(ggml_type t) {
+    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64;
+}
+
+// TQ3_64 -> TQ3, TQ4_64 -> TQ4 (the policies are decided per bit width); other types unchanged.
+inline ggml_type llama_tq_base_type(ggml_type t) {
+    return t == GGML_TYPE_TQ3_64 ? GGML_TYPE_TQ3 : t == GGML_TYPE_TQ4_64 ? GGML_TYPE_TQ4 : t;
+}
+
+// The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64-value blocks where a head size
+// needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
+// offload_kqv: layers whose device is not the CPU would keep their KV there, and no GPU backend has kernels for the
+// 64-value blocks yet.
+inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
+    if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
+        return t;
+    }
+    const llama_hparams & hp = model.hparams;
+    bool kv_on_gpu = false;
+    for (uint32_t il = 0; offload_kqv && il < hp.n_layer(); ++il) {
+        kv_on_gpu = kv_on_gpu || ggml_backend_dev_type(model.dev_layer((int) il)) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    }
+    const char * side = is_k ? "K" : "V";
+    if (hp.is_mla()) {
+        LLAMA_LOG_ERROR("%s: %s cache type %s: MLA caches (a K of %u values with V a view of it) are not supported by "
+                        "the TQ types yet; use f16, q8_0 or q4_0\n", __func__, side, ggml_type_name(t),
+                        hp.n_embd_head_k_mla());
+        return GGML_TYPE_COUNT;
+    }
+    bool all128 = true;
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        if (!hp.has_kv(il)) {
+            continue;
+        }
+        const uint32_t head = is_k ? hp.n_embd_head_k(il) : hp.n_embd_head_v(il);
+        if (head % 64 != 0) {
+            LLAMA_LOG_ERROR("%s: %s cache type %s does not support head size %u (layer %u): TQ types need a multiple "
+                            "of 64 (128-value blocks for multiples of 128, 64-value blocks otherwise)\n", __func__,
+                            side, ggml_type_name(t), head, il);
+            return GGML_TYPE_COUNT;
+        }
+        all128 = all128 && head % 128 == 0;
+    }
+    if (all128) {
+        return t;
+    }
+    const ggml_type t64 = t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64;
+    if (kv_on_gpu) {
+        LLAMA_LOG_ERROR("%s: %s cache type %s needs 64-value blocks (%s) for this model's head size, which run on the "
+                        "CPU only so far: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or use q4_0\n",
+                        __func__, side, ggml_type_name(t), ggml_type_name(t64));
+        return GGML_TYPE_COUNT;
+    }
+    LLAMA_LOG_INFO("%s: %s cache type %s uses 64-value blocks (%s, %.3f bits per value) for this model's head size\n",
+                   __func__, side, ggml_type_name(t), ggml_type_name(t64),
+                   8.0 * (double) ggml_type_size(t64) / (double) ggml_blck_size(t64));
+    return t64;
+}
