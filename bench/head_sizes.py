@@ -3,8 +3,10 @@
 in, its bits per value, the codec MSE of that block on unit vectors, and the mean KLD against an f16 cache of the
 same run next to q4_0's (random weights make PPL meaningless, KLD still compares caches).
 
-    python bench/head_sizes.py [--chunks 3] [--heads 64,96,128,192,256]
+    python bench/head_sizes.py [--chunks 3] [--heads 64,96,128,192,256] [--speed]
 
+--speed adds decode speed on the CPU: llama-bench -t 2 -fa 1 tg32 at depth 4096 on a larger synthetic model per head
+size (4 layers, 8 heads on 2 KV heads, GQA 4), types interleaved over 2 rounds, ratio to q4_0 of the same run.
 Writes bench/results/head_sizes.{md,json}. Text: the demo's embedded default (Python's pydoc topics).
 """
 
@@ -21,7 +23,7 @@ from llama_tq import _codec
 from llama_tq import reference as ref
 from llama_tq.cachetypes import for_head
 from llama_tq.errors import UsageError
-from llama_tq.harness import ppl
+from llama_tq.harness import bench, ppl
 from llama_tq.harness.common import KvConfig
 from llama_tq.harness.demo import default_text
 from llama_tq.synth import write_synth_model
@@ -38,12 +40,23 @@ def unit_mse(kind: str, dim: int, n: int = 10_000) -> float:
     return float(np.mean(np.sum((x.astype(np.float64) - y) ** 2, axis=1)))
 
 
+def tg_ratios(head: int, types: list[str], tmp: Path) -> dict[str, float]:
+    """tg32 @ d4096 tokens/s of each type over q4_0's, same run (2 interleaved rounds x 2 repetitions)."""
+    model = write_synth_model(tmp / f"speed_h{head}.gguf", n_layer=4, n_embd=8 * head, n_head=8, n_head_kv=2,
+                              n_ff=4 * head, n_ctx=8192)  # fmt: skip
+    configs = [KvConfig(t, t) for t in types]
+    rows = bench.run(model, configs, depths="4096", prompt=0, gen=32, reps=2, rounds=2, threads=2)
+    table = bench.table(rows, "q4_0/q4_0")
+    return {str(r["config"]).split("/")[0]: float(r["ratio_vs_ref"]) for r in table if r["ratio_vs_ref"] is not None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--heads", default="64,96,128,192,256")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--speed", action="store_true", help="add CPU decode speed ratios to q4_0 (tg32 @ d4096)")
     args = ap.parse_args()
     heads = [int(h) for h in args.heads.split(",")]
     rows: list[dict[str, object]] = []
@@ -62,6 +75,7 @@ def main() -> None:
                 for r in ppl.run_matrix(model, text, configs, ctx=args.ctx, chunks=args.chunks, out_dir=out):
                     results[r.config] = r
             q4 = results.get("q4_0/q4_0")
+            speed = tg_ratios(head, ok, Path(tmp)) if args.speed and ok else {}
             for t in TYPES:
                 stored = for_head(t, head)
                 row: dict[str, object] = {"head": head, "type": t}
@@ -75,23 +89,26 @@ def main() -> None:
                 row.update({"supported": how, "stored": stored.name, "bits": stored.bits,
                             "mse_unit": unit_mse(stored.name, stored.block if t != "q4_0" else 128),
                             "kld": r.kld, "kld_vs_q4_0": (r.kld / q4.kld) if q4 and q4.kld and r.kld else None,
-                            "ok": r.ok})  # fmt: skip
+                            "ok": r.ok, "cpu_tg_vs_q4_0": speed.get(t)})  # fmt: skip
                 rows.append(row)
-    meta = {"command": f"python bench/head_sizes.py --chunks {args.chunks} --heads {args.heads}",
+    meta = {"command": f"python bench/head_sizes.py --chunks {args.chunks} --heads {args.heads}"
+                       + (" --speed" if args.speed else ""),
             "protocol": f"llama-perplexity -c {args.ctx} -b 512 --chunks {args.chunks} -fa on -t 2, KLD vs f16 "
                         "(same run); synthetic 2-layer llama, 4 heads / 2 KV heads, byte vocabulary"}  # fmt: skip
     (args.out / "head_sizes.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["# TQ cache types by head size (issue 14, CPU)", "", f"`{meta['command']}`: {meta['protocol']}.",
              "MSE: the stored block on 10,000 random unit vectors of its block size (q4_0: of 128 values).", "",
-             "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | supported how |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "CPU tg: llama-bench -t 2 -fa 1 tg32 @ d4096 tokens/s over q4_0's, same run (with --speed).", "",
+             "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | CPU tg vs q4_0 | supported how |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if "bits" not in r:
-            lines.append(f"| {r['head']} | {r['type']} | - | - | - | - | {r['supported']} |")
+            lines.append(f"| {r['head']} | {r['type']} | - | - | - | - | - | {r['supported']} |")
             continue
         ratio = f"{r['kld_vs_q4_0']:.2f}" if isinstance(r["kld_vs_q4_0"], float) else "-"
         kld = f"{r['kld']:.5f}" if isinstance(r["kld"], float) else "-"
-        lines.append(f"| {r['head']} | {r['type']} | {r['bits']:.3f} | {r['mse_unit']:.5f} | {kld} | {ratio} | "
+        tg = f"{r['cpu_tg_vs_q4_0']:.2f}" if isinstance(r.get("cpu_tg_vs_q4_0"), float) else "-"
+        lines.append(f"| {r['head']} | {r['type']} | {r['bits']:.3f} | {r['mse_unit']:.5f} | {kld} | {ratio} | {tg} | "
                      f"{r['supported']} |")  # fmt: skip
     (args.out / "head_sizes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

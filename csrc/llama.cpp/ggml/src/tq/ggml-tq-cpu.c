@@ -348,29 +348,143 @@ void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k) {
 
 void ggml_tq_unrotate_inplace(float *v, int64_t n) { tq_unrotate_row(v, v, n); }
 
-/* The 64-value blocks (heads that are not a multiple of 128) run on the codec's C loops (no SIMD yet). */
+/* The 64-value blocks (heads that are not a multiple of 128). Quantizing is the codec's C code (one row per token
+ * and KV head); the K dot and the FA V rows, which run over the whole cache, have SIMD versions. Sub-block k is
+ * values 16k..16k+15: for tq3 the 3-byte groups 2k and 2k+1, as in the 128-value layout; for tq4 the low (k < 2)
+ * or high (k >= 2) nibbles of bytes 16(k & 1).. (byte j holds values j and j + 32). */
 void ggml_tq3_64_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_64, x, y, k); }
 void ggml_tq4_64_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_64, x, y, k); }
 void ggml_tq_qrot_64_from_float(const float *x, void *y, int64_t k) { tq_rotate_row_64(x, y, k); }
 
+#if defined(GGML_TQ_AVX512)
+static inline __m512i tq4_64_indices16(const uint8_t *q, int k) {
+    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * (k & 1))));
+    return _mm512_and_si512(_mm512_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm512_set1_epi32(15));
+}
+
+/* The d = 64 codebook as a 16-entry table (tq3's 8 centroids repeated). */
+static inline __m512 tq64_table16(int bits) {
+    const float *c = tq_centroids_n(bits, TQ_BLOCK_64);
+    const __m256 lo = _mm256_loadu_ps(c);
+    return bits == 4 ? _mm512_loadu_ps(c)
+                     : _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                                                           _mm256_castps_pd(lo), 1));
+}
+
+static inline __m512 tq64_lookup16(int bits, __m512 table, const uint8_t *p, int k) {
+    return _mm512_permutexvar_ps(bits == 3 ? tq3_indices16(p, k) : tq4_64_indices16(p, k), table);
+}
+
+static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) {
+    const float *sub = tq_subscales();
+    const __m512 table = tq64_table16(bits);
+    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
+    __m512 total = _mm512_setzero_ps();
+    for (int b = 0; b < n / TQ_BLOCK_64; ++b, x += bb, q += TQ_BLOCK_64) {
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m512 blk = _mm512_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            const __m512 acc = _mm512_mul_ps(tq64_lookup16(bits, table, p, k), _mm512_loadu_ps(q + 16 * k));
+            blk = _mm512_fmadd_ps(_mm512_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm512_fmadd_ps(_mm512_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    return _mm512_reduce_add_ps(total);
+}
+
+static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
+    const float *sub = tq_subscales();
+    const __m512 table = tq64_table16(bits);
+    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
+    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b, x += bb, y += TQ_BLOCK_64) {
+        const float s = tq_scale_of(x);
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        for (int kk = 0; kk < 4; ++kk) {
+            const __m512 f = _mm512_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
+            _mm512_storeu_ps(y + 16 * kk, _mm512_mul_ps(f, tq64_lookup16(bits, table, p, kk)));
+        }
+    }
+}
+#elif defined(GGML_TQ_AVX2)
+/* The 8 indices of values 16k + 8j.. of a 64-value block. */
+static inline __m256i tq64_indices8(int bits, const uint8_t *p, int k, int j) {
+    if (bits == 3) {
+        return tq3_indices8(p, 2 * k + j);
+    }
+    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 * (k & 1) + 8 * j)));
+    return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm256_set1_epi32(15));
+}
+
+static inline __m256 tq64_lookup8(int bits, __m256 lo, __m256 hi, const uint8_t *p, int k, int j) {
+    const __m256i idx = tq64_indices8(bits, p, k, j);
+    return bits == 3 ? tq3_lookup(lo, idx) : tq4_lookup(lo, hi, idx);
+}
+
+static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) {
+    const float *sub = tq_subscales();
+    const float *cent = tq_centroids_n(bits, TQ_BLOCK_64);
+    const __m256 lo = _mm256_loadu_ps(cent);
+    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
+    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
+    __m256 total = _mm256_setzero_ps();
+    for (int b = 0; b < n / TQ_BLOCK_64; ++b, x += bb, q += TQ_BLOCK_64) {
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m256 blk = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            __m256 acc = _mm256_mul_ps(tq64_lookup8(bits, lo, hi, p, k, 0), _mm256_loadu_ps(q + 16 * k));
+            acc = _mm256_fmadd_ps(tq64_lookup8(bits, lo, hi, p, k, 1), _mm256_loadu_ps(q + 16 * k + 8), acc);
+            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    return tq_hsum(total);
+}
+
+static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
+    const float *sub = tq_subscales();
+    const float *cent = tq_centroids_n(bits, TQ_BLOCK_64);
+    const __m256 lo = _mm256_loadu_ps(cent);
+    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
+    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
+    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b, x += bb, y += TQ_BLOCK_64) {
+        const float s = tq_scale_of(x);
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        for (int kk = 0; kk < 4; ++kk) {
+            const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
+            for (int j = 0; j < 2; ++j) {
+                _mm256_storeu_ps(y + 16 * kk + 8 * j, _mm256_mul_ps(f, tq64_lookup8(bits, lo, hi, p, kk, j)));
+            }
+        }
+    }
+}
+#else
+static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) {
+    return tq_dot_rotated_row_n(bits, TQ_BLOCK_64, x, q, n);
+}
+
+static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
+    (void)tq_dequantize_row_rotated_n(bits, TQ_BLOCK_64, x, y, k);
+}
+#endif
+
 void ggml_vec_dot_tq3_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                               int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tq_dot_rotated_row_n(3, TQ_BLOCK_64, vx, (const float *)vy, n);
+    *s = tq64_dot(3, n, (const uint8_t *)vx, (const float *)vy);
 }
 
 void ggml_vec_dot_tq4_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                               int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tq_dot_rotated_row_n(4, TQ_BLOCK_64, vx, (const float *)vy, n);
+    *s = tq64_dot(4, n, (const uint8_t *)vx, (const float *)vy);
 }
 
-static void tq3_64_to_float_rotated(const void *x, float *y, int64_t k) {
-    (void)tq_dequantize_row_rotated_n(3, TQ_BLOCK_64, x, y, k);
-}
-static void tq4_64_to_float_rotated(const void *x, float *y, int64_t k) {
-    (void)tq_dequantize_row_rotated_n(4, TQ_BLOCK_64, x, y, k);
-}
+static void tq3_64_to_float_rotated(const void *x, float *y, int64_t k) { tq64_to_float_rotated(3, x, y, k); }
+static void tq4_64_to_float_rotated(const void *x, float *y, int64_t k) { tq64_to_float_rotated(4, x, y, k); }
 static void tq_unrotate_64_inplace(float *v, int64_t n) { tq_unrotate_row_64(v, v, n); }
 
 ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *unrotate) {
