@@ -6,11 +6,13 @@ import importlib.util
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from llama_tq.binding import install_llama_cpp_python
 from llama_tq.models import default_model
+from llama_tq.synth import write_synth_model
 
 pytestmark = pytest.mark.e2e
 
@@ -43,8 +45,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def state_of(tk: int, tv: int) -> tuple[int, bool, bool]:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(default_model()), str(tk), str(tv)],
+def state_of(tk: int, tv: int, model: Path | None = None) -> tuple[int, bool, bool]:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model or default_model()), str(tk), str(tv)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("STATE")), None)
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -61,6 +63,19 @@ def test_tq_cache_state_round_trips_bit_exactly(binding: None) -> None:
     assert same_f16 and same_tq3 and same_tq4, "save -> load -> save must give identical state bytes"
     assert logits_f16 and logits_tq3 and logits_tq4, "the next token must see exactly the cache it saw before"
     assert size_tq3 < size_tq4 < size_f16  # the state carries the TQ blocks, not f16
+
+
+def test_64_value_block_state_round_trips(binding: None, tmp_path: Path) -> None:
+    """Head 64: type_k/type_v = GGML_TYPE_TQ3 store 64-value blocks (libllama picks tq3_64); the state holds them and
+    restores bit-exactly, at 28/128 of f16's KV bytes."""
+    import llama_tq
+
+    model = write_synth_model(tmp_path / "h64.gguf", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                              n_vocab=512, n_ctx=1024, byte_vocab=True)  # fmt: skip
+    size_f16, same_f16, logits_f16 = state_of(1, 1, model)
+    size_tq3, same_tq3, logits_tq3 = state_of(llama_tq.GGML_TYPE_TQ3, llama_tq.GGML_TYPE_TQ3, model)
+    assert same_f16 and same_tq3 and logits_f16 and logits_tq3
+    assert size_tq3 < size_f16 / 3  # 28-byte blocks per 64 values instead of 128 bytes of f16
 
 
 SEQ_SCRIPT = textwrap.dedent(
