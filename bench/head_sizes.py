@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -50,6 +51,54 @@ def tg_ratios(head: int, types: list[str], tmp: Path) -> dict[str, float]:
     return {str(r["config"]).split("/")[0]: float(r["ratio_vs_ref"]) for r in table if r["ratio_vs_ref"] is not None}
 
 
+CUDA_BENCH = ROOT / "bench" / "results" / "cuda" / "head64" / "h64_llama_bench.md"
+
+
+def cuda_tg_ratios(path: Path = CUDA_BENCH) -> dict[str, str]:
+    """tg128 over q4_0's at d4096 / d32768 from the H100 head-64 llama-bench tables (run_cuda.sh head64)."""
+    if not path.is_file():
+        return {}
+    tps: dict[tuple[str, int], float] = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"tg128(?: @ d(\d+))?", cells[-2]) if len(cells) > 2 else None
+        if m:
+            kind = cells[5] if len(cells) == 10 else "f16"  # the f16 table has no type_k column
+            tps[(kind, int(m.group(1) or 0))] = float(cells[-1].split()[0])
+    out = {}
+    for kind in TYPES:
+        ratios = [tps[(kind, d)] / tps[("q4_0", d)] for d in (4096, 32768) if (kind, d) in tps and ("q4_0", d) in tps]
+        if len(ratios) == 2:
+            out[kind] = f"{ratios[0]:.2f} / {ratios[1]:.2f}"
+    return out
+
+
+def render(rows: list[dict[str, object]], meta: dict[str, object], out: Path) -> None:
+    cuda = cuda_tg_ratios()
+    lines = ["# TQ cache types by head size (issue 14)", "", f"`{meta['command']}`: {meta['protocol']}.",
+             "MSE: the stored block on 10,000 random unit vectors of its block size (q4_0: of 128 values).", "",
+             "CPU tg: llama-bench -t 2 -fa 1 tg32 @ d4096 tokens/s over q4_0's, same run (with --speed).",
+             "CUDA tg: H100, llama-bench -ngl 99 -fa 1 tg128 @ d4096 / d32768 over q4_0's, one run, on an 8-layer",
+             "head-64 synthetic model (32 heads / 8 KV heads): `RES=... bash scripts/gpu/run_cuda.sh build head64`",
+             "(bench/results/cuda/head64/). CUDA runs the 64-value blocks at head 64; other head sizes that need",
+             "them are refused with a GPU-resident cache (use -nkvo).", "",
+             "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | CPU tg vs q4_0 | CUDA tg vs q4_0 "
+             "| supported how |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "bits" not in r:
+            lines.append(f"| {r['head']} | {r['type']} | - | - | - | - | - | - | {r['supported']} |")
+            continue
+        ratio = f"{r['kld_vs_q4_0']:.2f}" if isinstance(r["kld_vs_q4_0"], float) else "-"
+        kld = f"{r['kld']:.5f}" if isinstance(r["kld"], float) else "-"
+        tg = f"{r['cpu_tg_vs_q4_0']:.2f}" if isinstance(r.get("cpu_tg_vs_q4_0"), float) else "-"
+        gpu = cuda.get(str(r["type"]), "-") if r["head"] == 64 else "-"
+        lines.append(f"| {r['head']} | {r['type']} | {r['bits']:.3f} | {r['mse_unit']:.5f} | {kld} | {ratio} | {tg} | "
+                     f"{gpu} | {r['supported']} |")  # fmt: skip
+    (out / "head_sizes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=3)
@@ -57,7 +106,12 @@ def main() -> None:
     ap.add_argument("--heads", default="64,96,128,192,256")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--speed", action="store_true", help="add CPU decode speed ratios to q4_0 (tg32 @ d4096)")
+    ap.add_argument("--render", action="store_true", help="only re-render head_sizes.md from head_sizes.json")
     args = ap.parse_args()
+    if args.render:
+        data = json.loads((args.out / "head_sizes.json").read_text())
+        render(data["rows"], data["meta"], args.out)
+        return
     heads = [int(h) for h in args.heads.split(",")]
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="llama-tq-heads-") as tmp:
@@ -96,22 +150,7 @@ def main() -> None:
             "protocol": f"llama-perplexity -c {args.ctx} -b 512 --chunks {args.chunks} -fa on -t 2, KLD vs f16 "
                         "(same run); synthetic 2-layer llama, 4 heads / 2 KV heads, byte vocabulary"}  # fmt: skip
     (args.out / "head_sizes.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    lines = ["# TQ cache types by head size (issue 14, CPU)", "", f"`{meta['command']}`: {meta['protocol']}.",
-             "MSE: the stored block on 10,000 random unit vectors of its block size (q4_0: of 128 values).", "",
-             "CPU tg: llama-bench -t 2 -fa 1 tg32 @ d4096 tokens/s over q4_0's, same run (with --speed).", "",
-             "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | CPU tg vs q4_0 | supported how |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
-        if "bits" not in r:
-            lines.append(f"| {r['head']} | {r['type']} | - | - | - | - | - | {r['supported']} |")
-            continue
-        ratio = f"{r['kld_vs_q4_0']:.2f}" if isinstance(r["kld_vs_q4_0"], float) else "-"
-        kld = f"{r['kld']:.5f}" if isinstance(r["kld"], float) else "-"
-        tg = f"{r['cpu_tg_vs_q4_0']:.2f}" if isinstance(r.get("cpu_tg_vs_q4_0"), float) else "-"
-        lines.append(f"| {r['head']} | {r['type']} | {r['bits']:.3f} | {r['mse_unit']:.5f} | {kld} | {ratio} | {tg} | "
-                     f"{r['supported']} |")  # fmt: skip
-    (args.out / "head_sizes.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    render(rows, meta, args.out)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,8 @@ def test_heads_of_64_use_64_value_blocks(tmp_path: Path, wiki_head: Path, head: 
         ppl, log = perplexity(model, wiki_head, kind, ctv, fa=fa)
         assert f"K cache type {kind} uses 64-value blocks ({stored}" in log, log[-3000:]
         assert math.isfinite(ppl) and ppl < ppl_f16 * 1.05, (fa, ppl, ppl_f16)
+        # upstream's attention rotation stays off on the 64-value sides (a 64-point Hadamard: measured no gain)
+        assert re.findall(r"attn_rot_k = (\d)", log) == ["0"], log[-3000:]
         m = re.search(r"size = +[0-9.]+ MiB \( *(\d+) cells, +(\d+) layers.*?K \((\w+)\): +([0-9.]+) MiB", log)
         assert m, log[-3000:]
         cells, layers, tk, k_mib = m.groups()

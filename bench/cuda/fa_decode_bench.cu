@@ -27,18 +27,21 @@ struct Case {
     bool perf;
 };
 
-static const char * kname(int k) { return k == TQFA_TQ3 ? "tq3" : "tq4"; }
-static int kbits(int k) { return k == TQFA_TQ3 ? 3 : 4; }
+static const char * kname(int k) {
+    return k == TQFA_TQ3 ? "tq3" : k == TQFA_TQ4 ? "tq4" : k == TQFA_TQ3_64 ? "tq3_64" : "tq4_64";
+}
+static int kbits(int k) { return k == TQFA_TQ3 || k == TQFA_TQ3_64 ? 3 : 4; }
+static int kblock(int k) { return tq_fa_is_tq64(k) ? TQ_BLOCK_64 : TQ_BLOCK; }
 
-static void quantize_rows(int bits, const std::vector<float> & x, std::vector<uint8_t> & out, int64_t rows, int D) {
-    const size_t rb = tq_block_bytes(bits) * (D / 128);
+static void quantize_rows(int bits, int bn, const std::vector<float> & x, std::vector<uint8_t> & out, int64_t rows, int D) {
+    const size_t rb = tq_block_bytes_n(bits, bn) * (D / bn);
     out.resize(rb * rows);
     const int nt = (int) std::max(1u, std::thread::hardware_concurrency());
     std::vector<std::thread> th;
     for (int i = 0; i < nt; ++i) {
         th.emplace_back([&, i] {
             for (int64_t r = i; r < rows; r += nt) {
-                tq_quantize_row(bits, x.data() + r * D, out.data() + r * rb, D);
+                tq_quantize_row_n(bits, bn, x.data() + r * D, out.data() + r * rb, D);
             }
         });
     }
@@ -51,9 +54,12 @@ template <int D, int TK, int TV>
 static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq, const float * sinks, float * dst,
                    int64_t nb1, int64_t nb2, int64_t nb3) {
     const dim3 grid(n_chunks, n_kvh * p.n_groups, n_seq);
-    if (mma) {
-        tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32>>>(p);
-    } else {
+    if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) {
+        if (mma) {
+            tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32>>>(p);
+        }
+    }
+    if (!mma || tq_fa_is_tq64(TK)) {
         switch (p.ncol) {
             case 1: tq_fa_decode_kernel<D, 1, TK, TV><<<grid, TQ_FA_THREADS>>>(p); break;
             case 2: tq_fa_decode_kernel<D, 2, TK, TV><<<grid, TQ_FA_THREADS>>>(p); break;
@@ -64,7 +70,7 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
     if (mma == 2) {
         return; // kernel alone, no merge
     }
-    tq_fa_merge_kernel<D, true><<<p.n_cols_total, 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
+    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : 128><<<p.n_cols_total, 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
                                                         p.n_cols_total, p.ncol, p.n_groups, n_kvh, p.tpg, p.gqa,
                                                         p.n_q, p.tab);
 }
@@ -77,12 +83,21 @@ static void launch_kinds(int tk, int tv, int mma, tq_fa_params & p, int n_chunks
     if (tk == TQFA_TQ4 && tv == TQFA_TQ3) launch<D, TQFA_TQ4, TQFA_TQ3>(mma, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
     if (tk == TQFA_TQ4 && tv == TQFA_TQ4) launch<D, TQFA_TQ4, TQFA_TQ4>(mma, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
 }
+// The 64-value kinds (head 64; SIMT kernel only).
+static void launch_kinds64(int tk, int tv, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq, float * dst,
+                           int64_t nb1, int64_t nb2, int64_t nb3) {
+    if (tk == TQFA_TQ3_64 && tv == TQFA_TQ3_64) launch<64, TQFA_TQ3_64, TQFA_TQ3_64>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    if (tk == TQFA_TQ3_64 && tv == TQFA_TQ4_64) launch<64, TQFA_TQ3_64, TQFA_TQ4_64>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    if (tk == TQFA_TQ4_64 && tv == TQFA_TQ3_64) launch<64, TQFA_TQ4_64, TQFA_TQ3_64>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    if (tk == TQFA_TQ4_64 && tv == TQFA_TQ4_64) launch<64, TQFA_TQ4_64, TQFA_TQ4_64>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+}
 
 static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_gbs) {
-    const int D = cs.D, NB = D / 128;
+    const int D = cs.D, BN = kblock(cs.tk), NB = D / BN;
+    const bool only_simt = tq_fa_is_tq64(cs.tk);
     const int n_head = cs.n_kvh * cs.gqa;
     const int kb = kbits(cs.tk), vb = kbits(cs.tv);
-    const int64_t krb = (int64_t) tq_block_bytes(kb) * NB, vrb = (int64_t) tq_block_bytes(vb) * NB;
+    const int64_t krb = (int64_t) tq_block_bytes_n(kb, BN) * NB, vrb = (int64_t) tq_block_bytes_n(vb, BN) * NB;
     const int64_t rows = (int64_t) cs.n_kv * cs.n_kvh;
 
     // K with a per-channel offset and spread (real keys are not isotropic), V plain Gaussian
@@ -100,8 +115,8 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
         q = nd(rng);
     }
     std::vector<uint8_t> kq, vq;
-    quantize_rows(kb, kf, kq, rows, D); // row r = token t * n_kvh + head: ggml's [D, n_kvh, n_kv] cache order
-    quantize_rows(vb, vf, vq, rows, D);
+    quantize_rows(kb, BN, kf, kq, rows, D); // row r = token t * n_kvh + head: ggml's [D, n_kvh, n_kv] cache order
+    quantize_rows(vb, BN, vf, vq, rows, D);
     std::vector<uint16_t> maskh;
     std::vector<float> maskf;
     if (cs.mask) {
@@ -187,7 +202,7 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
                     const int kvh = cl.h / cs.gqa;
                     double mx = -INFINITY;
                     for (int t = 0; t < cs.n_kv; ++t) {
-                        tq_dequantize_row(kb, kq.data() + ((int64_t) t * cs.n_kvh + kvh) * krb, kr.data(), D);
+                        tq_dequantize_row_n(kb, BN, kq.data() + ((int64_t) t * cs.n_kvh + kvh) * krb, kr.data(), D);
                         double dot = 0.0;
                         for (int d = 0; d < D; ++d) {
                             dot += (double) q[d] * kr[d];
@@ -211,7 +226,7 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
                         }
                         const double w = exp(s[t] - mx);
                         l += w;
-                        tq_dequantize_row(vb, vq.data() + ((int64_t) t * cs.n_kvh + kvh) * vrb, vr.data(), D);
+                        tq_dequantize_row_n(vb, BN, vq.data() + ((int64_t) t * cs.n_kvh + kvh) * vrb, vr.data(), D);
                         for (int d = 0; d < D; ++d) {
                             o[d] += w * vr[d];
                         }
@@ -230,10 +245,12 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
     bool ok = true;
     float us[3] = {0, 0, 0};
     double err[2] = {0, 0};
-    for (int mma = 0; mma < (cs.perf ? 3 : 2); ++mma) {
+    for (int mma = 0; mma < (only_simt ? 1 : cs.perf ? 3 : 2); ++mma) {
         CK(cudaMemset(dO, 0xff, qf.size() * 4)); // NaN: an unwritten output fails the check
         auto go = [&] {
-            if (D == 128) {
+            if (D == 64) {
+                launch_kinds64(cs.tk, cs.tv, p, n_chunks, cs.n_kvh, cs.n_seq, dO, onb1, onb2, onb3);
+            } else if (D == 128) {
                 launch_kinds<128>(cs.tk, cs.tv, mma, p, n_chunks, cs.n_kvh, cs.n_seq, dO, onb1, onb2, onb3);
             } else {
                 launch_kinds<256>(cs.tk, cs.tv, mma, p, n_chunks, cs.n_kvh, cs.n_seq, dO, onb1, onb2, onb3);
@@ -283,7 +300,10 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
     printf("D%-3d %s/%s kv %6d kvh %d gqa %d q %d seq %d mask %d softcap %4.1f chunks %4d | rel.err simt %.2e mma %.2e %s",
            D, kname(cs.tk), kname(cs.tv), cs.n_kv, cs.n_kvh, cs.gqa, cs.n_q, cs.n_seq, (int) cs.mask, cs.softcap,
            n_chunks, err[0], err[1], ok ? "ok" : "MISMATCH");
-    if (cs.perf) {
+    if (cs.perf && only_simt) {
+        printf(" | simt %7.1f us  KV read %.2f TB/s = %.0f %% of copy", us[0], bytes / (us[0] * 1e-6) / 1e12,
+               100.0 * bytes / (us[0] * 1e-6) / (copy_gbs * 1e9));
+    } else if (cs.perf) {
         printf(" | simt %7.1f us  mma %7.1f us (kernel alone %6.1f)  %.2fx  mma KV read %.2f TB/s = %.0f %% of copy",
                us[0], us[1], us[2], us[0] / us[1], bytes / (us[1] * 1e-6) / 1e12, 100.0 * bytes / (us[1] * 1e-6) / (copy_gbs * 1e9));
     }
@@ -339,6 +359,17 @@ int main(int argc, char ** argv) {
             }
         }
     }
+    const int kinds64[4][2] = {{TQFA_TQ3_64, TQFA_TQ3_64}, {TQFA_TQ4_64, TQFA_TQ4_64}, {TQFA_TQ3_64, TQFA_TQ4_64},
+                               {TQFA_TQ4_64, TQFA_TQ3_64}};
+    if (!perf_only) {
+        for (auto & k : kinds64) {
+            ok &= run_case({64, 113, 2, 4, 1, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
+            ok &= run_case({64, 1000, 2, 1, 3, 2, k[0], k[1], true, 0.0f, false}, nsm, rng, gbs);
+            ok &= run_case({64, 4096, 1, 8, 1, 1, k[0], k[1], true, 0.0f, false}, nsm, rng, gbs);
+            ok &= run_case({64, 777, 2, 4, 2, 1, k[0], k[1], true, 30.0f, false}, nsm, rng, gbs);
+            ok &= run_case({64, 2000, 1, 2, 8, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
+        }
+    }
     const int only = argc > 2 ? atoi(argv[2]) : -1; // perf N: only the N-th perf case (for profilers)
     int n = 0;
     for (auto & k : kinds) {
@@ -350,6 +381,12 @@ int main(int argc, char ** argv) {
             }
             ++n;
         }
+    }
+    for (auto & k : kinds64) {
+        if (only < 0 || only == n) {
+            ok &= run_case(Case{64, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true}, nsm, rng, gbs);
+        }
+        ++n;
     }
     printf("%s\n", ok ? "all cases match the C codec reference" : "MISMATCH");
     return ok ? 0 : 1;

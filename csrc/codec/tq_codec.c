@@ -224,6 +224,15 @@ static void tq_scaled_bounds_fmt(const tq_fmt *f, float m, float *out) {
 
 void tq_scaled_boundaries(int bits, float m, float *out) { tq_scaled_bounds_fmt(tq_fmt_of(bits, TQ_BLOCK), m, out); }
 
+int tq_scaled_boundaries_n(int bits, int n, float m, float *out) {
+    const tq_fmt *f = tq_fmt_of(bits, n);
+    if (!f) {
+        return -1;
+    }
+    tq_scaled_bounds_fmt(f, m, out);
+    return 0;
+}
+
 /* Picks the multiplier of one sub-block (n/4 values): for each of the 16, nearest centroids of m * c and their
  * squared error, in a fixed order (SIMD and GPU kernels reproduce it bit for bit). Writes the indices of the
  * winner. */

@@ -151,6 +151,7 @@ size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_ro
  * NULL, -1 or NaN, nothing written. */
 size_t tq_block_bytes_n(int bits, int n);
 const float *tq_centroids_n(int bits, int n);
+int tq_scaled_boundaries_n(int bits, int n, float m, float *out);
 int tq_rotate_n(int n, const float *x, float *y);
 int tq_unrotate_n(int n, const float *y, float *x);
 int tq_pack_indices_n(int bits, int n, const uint8_t *idx, uint8_t *q);

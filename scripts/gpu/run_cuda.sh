@@ -10,6 +10,9 @@
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
+#   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
+#          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H64_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
+#          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
 # Environment: OPS (ops stage op list), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
 #   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair
@@ -142,6 +145,32 @@ stage_bench() {
             "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
             -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
+    done
+    return "$rc"
+}
+
+stage_head64() {
+    local m="$W/synth64.gguf" t rc=0
+    PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-embd 2048 --n-head 32 --n-head-kv 8 \
+        --n-ctx 40960 --byte-vocab > /dev/null || return 1
+    "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p 'hsk=64,hsv=64,nh=8,nr23=\[4,4\],kv=32768' \
+        > "$RES/h64_fa_perf.log" 2>&1 || rc=1
+    grep -E 'FLASH_ATTN_EXT' "$RES/h64_fa_perf.log" | sed 's/  */ /g'
+    # a slice of the text: the byte vocabulary's tokenizer is slow on the whole file (1.3 MB, one token per byte)
+    head -c 16384 .gpu/wiki.test.raw > "$W/h64_text.txt"
+    local base="$W/h64_f16.kld" ppl=("$bin/llama-perplexity" -m "$m" -f "$W/h64_text.txt" -c 1024 -b 512 --chunks 6 -fa on -lv 4)
+    "${ppl[@]}" -ngl 99 --kl-divergence-base "$base" > "$RES/h64_ppl_f16_base.log" 2>&1 || rc=1
+    for run in q4_0:99 tq4:99 tq3:99 tq3:0; do
+        t=${run%:*}
+        "${ppl[@]}" -ctk "$t" -ctv "$t" -ngl "${run#*:}" -t "$(nproc)" --kl-divergence-base "$base" --kl-divergence \
+            > "$RES/h64_kld_${t}_ngl${run#*:}.log" 2>&1 || rc=1
+        printf 'h64 KLD %-5s ngl %-2s %s | %s\n' "$t" "${run#*:}" "$(grep -m1 'Mean    KLD' "$RES/h64_kld_${t}_ngl${run#*:}.log")" \
+            "$(grep -m1 -o 'uses 64-value blocks[^)]*)' "$RES/h64_kld_${t}_ngl${run#*:}.log")"
+    done
+    : > "$RES/h64_llama_bench.md"
+    for t in ${H64_TYPES:-f16 q8_0 q4_0 tq4 tq3}; do
+        "$bin/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -d "${H64_DEPTHS:-0,4096,32768}" -r "${BENCH_REPS:-5}" \
+            -ctk "$t" -ctv "$t" -o md 2>> "$RES/h64_llama_bench.err" | tee -a "$RES/h64_llama_bench.md" || rc=1
     done
     return "$rc"
 }

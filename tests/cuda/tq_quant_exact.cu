@@ -1,5 +1,5 @@
-// GPU quantizer == C codec, byte for byte, on N random blocks per type (default 1,048,576), plus the GPU
-// dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
+// GPU quantizer == C codec, byte for byte, on N random blocks per type (default 1,048,576; tq3, tq4 and the
+// 64-value tq3_64, tq4_64), plus the GPU dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
 // that the kernel's float operations survive those flags.
 //
 //   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
@@ -17,20 +17,24 @@
 
 #include "cuda_check.cuh"
 
-template <int BITS>
+template <int BITS, int N>
 __global__ void k_quant(const float * x, uint8_t * out, int64_t n, const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
-    tq_cu_tables_load(t, tab, threadIdx.x);
+    tq_cu_tables_load<N>(t, tab, threadIdx.x);
     __syncthreads();
-    const int64_t b = blockIdx.x; // one CTA per block, as ggml-cuda's SET_ROWS
+    const int64_t b = blockIdx.x; // one CTA of N threads per block, as ggml-cuda's SET_ROWS
     if (b >= n) {
         return;
     }
-    tq_cu_quantize_block<BITS>(t, x[b * TQ_BLOCK + threadIdx.x], out + b * tq_cu_block_bytes(BITS), sm, threadIdx.x);
+    if constexpr (N == TQ_BLOCK) {
+        tq_cu_quantize_block<BITS>(t, x[b * N + threadIdx.x], out + b * tq_cu_block_bytes_n(BITS, N), sm, threadIdx.x);
+    } else {
+        tq_cu_quantize_block64<BITS>(t, x[b * N + threadIdx.x], out + b * tq_cu_block_bytes_n(BITS, N), sm, threadIdx.x);
+    }
 }
 
-template <int BITS>
+template <int BITS, int N>
 __global__ void k_dequant(const uint8_t * in, float * y, int64_t n, tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     if (threadIdx.x == 0) {
@@ -42,31 +46,35 @@ __global__ void k_dequant(const uint8_t * in, float * y, int64_t n, tq_cu_tables
     if (b >= n) {
         return;
     }
-    float v[4];
-    tq_cu_dequantize_block<BITS>(t, in + b * tq_cu_block_bytes(BITS), v, lane);
-    for (int r = 0; r < 4; ++r) {
-        y[b * TQ_BLOCK + lane + 32 * r] = v[r];
+    float v[N / 32];
+    if constexpr (N == TQ_BLOCK) {
+        tq_cu_dequantize_block<BITS>(t, in + b * tq_cu_block_bytes_n(BITS, N), v, lane);
+    } else {
+        tq_cu_dequantize_block64<BITS>(t, in + b * tq_cu_block_bytes_n(BITS, N), v, lane);
+    }
+    for (int r = 0; r < N / 32; ++r) {
+        y[b * N + lane + 32 * r] = v[r];
     }
 }
 
 // Random blocks of many kinds: Gaussian at scales 1e-38..1e30, Laplace, offsets, one-hot, ramps; the first
 // blocks are the edge cases (zero, huge, subnormal, NaN, Inf, mixed magnitudes).
-static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed) {
+static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed, int N) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> gauss(0.0f, 1.0f);
     std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-    x.assign((size_t) n * TQ_BLOCK, 0.0f);
+    x.assign((size_t) n * N, 0.0f);
     for (int64_t b = 0; b < n; ++b) {
-        float * v = x.data() + b * TQ_BLOCK;
+        float * v = x.data() + b * N;
         const int kind = b < 16 ? (int) b : 16 + (int) (rng() % 8);
         const float scale = powf(10.0f, -38.0f + 68.0f * uni(rng));
-        for (int i = 0; i < TQ_BLOCK; ++i) {
+        for (int i = 0; i < N; ++i) {
             switch (kind) {
                 case 0: v[i] = 0.0f; break;
                 case 1: v[i] = 3.0e38f * (i % 2 ? 1.0f : -1.0f); break;
                 case 2: v[i] = 1.0e-41f * gauss(rng); break;
                 case 3: v[i] = i == 5 ? NAN : gauss(rng); break;
-                case 4: v[i] = i == 77 ? INFINITY : gauss(rng); break;
+                case 4: v[i] = i == 77 % N ? INFINITY : gauss(rng); break;
                 case 5: v[i] = i < 4 ? 1.0e30f * gauss(rng) : 1.0e-30f * gauss(rng); break;
                 case 6: v[i] = i == 17 ? 3.0f : 0.0f; break;
                 case 7: v[i] = 1.0f; break;
@@ -83,11 +91,11 @@ static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed) {
     }
 }
 
-template <int BITS>
+template <int BITS, int N>
 static int check(int64_t n, const tq_cu_tables & tab) {
-    const int bb = tq_cu_block_bytes(BITS);
+    const int bb = tq_cu_block_bytes_n(BITS, N);
     std::vector<float> x;
-    make_inputs(x, n, 0x54510000u + BITS);
+    make_inputs(x, n, 0x54510000u + BITS + N, N);
 
     std::vector<uint8_t> cpu((size_t) n * bb), gpu((size_t) n * bb);
     const int nt = (int) std::max(1u, std::thread::hardware_concurrency());
@@ -95,7 +103,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     for (int t = 0; t < nt; ++t) {
         th.emplace_back([&, t] {
             for (int64_t b = t; b < n; b += nt) {
-                tq_quantize_block(BITS, x.data() + b * TQ_BLOCK, cpu.data() + b * bb);
+                tq_quantize_block_n(BITS, N, x.data() + b * N, cpu.data() + b * bb);
             }
         });
     }
@@ -110,7 +118,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     CK(cudaMalloc(&dq, gpu.size()));
     CK(cudaMalloc(&dy, x.size() * sizeof(float)));
     CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-    k_quant<BITS><<<(unsigned) n, 128>>>(dx, dq, n, tab);
+    k_quant<BITS, N><<<(unsigned) n, N>>>(dx, dq, n, tab);
     CK(cudaGetLastError());
     CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));
     // speed: a decode token's write (4 blocks: one per KV head, one launch) and the whole batch
@@ -122,14 +130,14 @@ static int check(int64_t n, const tq_cu_tables & tab) {
         const int reps = 200;
         CK(cudaEventRecord(a));
         for (int i = 0; i < reps; ++i) {
-            k_quant<BITS><<<(unsigned) std::min<int64_t>(n, 4), 128>>>(dx, dq, std::min<int64_t>(n, 4), tab);
+            k_quant<BITS, N><<<(unsigned) std::min<int64_t>(n, 4), N>>>(dx, dq, std::min<int64_t>(n, 4), tab);
         }
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         CK(cudaEventElapsedTime(&us_small, a, b));
         us_small *= 1000.0f / reps;
         CK(cudaEventRecord(a));
-        k_quant<BITS><<<(unsigned) n, 128>>>(dx, dq, n, tab);
+        k_quant<BITS, N><<<(unsigned) n, N>>>(dx, dq, n, tab);
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         CK(cudaEventElapsedTime(&us_all, a, b));
@@ -140,7 +148,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     for (int64_t b = 0; b < n; ++b) {
         if (memcmp(cpu.data() + b * bb, gpu.data() + b * bb, bb) != 0) {
             if (bad < 5) {
-                fprintf(stderr, "tq%d block %lld differs (first bytes cpu %02x%02x%02x%02x gpu %02x%02x%02x%02x)\n", BITS,
+                fprintf(stderr, "tq%d/%d block %lld differs (first bytes cpu %02x%02x%02x%02x gpu %02x%02x%02x%02x)\n", BITS, N,
                         (long long) b, cpu[b * bb], cpu[b * bb + 1], cpu[b * bb + 2], cpu[b * bb + 3], gpu[b * bb],
                         gpu[b * bb + 1], gpu[b * bb + 2], gpu[b * bb + 3]);
             }
@@ -149,17 +157,17 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     }
 
     // dequantize the (identical) bytes on both sides
-    k_dequant<BITS><<<(unsigned) ((n + 3) / 4), 128>>>(dq, dy, n, tab);
+    k_dequant<BITS, N><<<(unsigned) ((n + 3) / 4), 128>>>(dq, dy, n, tab);
     CK(cudaGetLastError());
     std::vector<float> ygpu(x.size()), ycpu(x.size());
     CK(cudaMemcpy(ygpu.data(), dy, ygpu.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double max_rel = 0.0;
     int64_t nan_mismatch = 0;
     for (int64_t b = 0; b < n; ++b) {
-        tq_dequantize_block(BITS, cpu.data() + b * bb, ycpu.data() + b * TQ_BLOCK);
+        tq_dequantize_block_n(BITS, N, cpu.data() + b * bb, ycpu.data() + b * N);
         double num = 0.0, den = 0.0;
-        for (int i = 0; i < TQ_BLOCK; ++i) {
-            const float c = ycpu[b * TQ_BLOCK + i], g = ygpu[b * TQ_BLOCK + i];
+        for (int i = 0; i < N; ++i) {
+            const float c = ycpu[b * N + i], g = ygpu[b * N + i];
             if (std::isnan(c) != std::isnan(g)) {
                 ++nan_mismatch;
                 continue;
@@ -178,9 +186,9 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     CK(cudaFree(dq));
     CK(cudaFree(dy));
     const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6;
-    printf("tq%d: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s"
+    printf("tq%d%s: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s"
            " | quantize 4 blocks %.1f us per launch, all %lld blocks %.0f us\n",
-           BITS, (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL", us_small,
+           BITS, N == TQ_BLOCK ? "" : "_64", (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL", us_small,
            (long long) n, us_all);
     return ok ? 0 : 1;
 }
@@ -189,5 +197,6 @@ int main(int argc, char ** argv) {
     const int64_t n = argc > 1 ? atoll(argv[1]) : (1 << 20);
     tq_cu_tables tab;
     tq_cu_tables_init(&tab);
-    return check<3>(n, tab) | check<4>(n, tab);
+    return check<3, TQ_BLOCK>(n, tab) | check<4, TQ_BLOCK>(n, tab) | check<3, TQ_BLOCK_64>(n, tab) |
+           check<4, TQ_BLOCK_64>(n, tab);
 }

@@ -12,6 +12,7 @@
 #include "llama-model.h"
 
 #include <cstdint>
+#include <cstring>
 
 inline bool llama_tq_is_tq(ggml_type t) {
     return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64;
@@ -24,16 +25,21 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
 
 // The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64-value blocks where a head size
 // needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
-// offload_kqv: layers whose device is not the CPU would keep their KV there, and no GPU backend has kernels for the
-// 64-value blocks yet.
+// offload_kqv: layers whose device is not the CPU keep their KV there; of the GPU backends only CUDA has kernels for
+// the 64-value blocks, and its flash attention (upstream's too) takes head size 64 among these sizes.
 inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
     if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
         return t;
     }
     const llama_hparams & hp = model.hparams;
-    bool kv_on_gpu = false;
+    bool kv_on_cuda = false, kv_on_other_gpu = false;
     for (uint32_t il = 0; offload_kqv && il < hp.n_layer(); ++il) {
-        kv_on_gpu = kv_on_gpu || ggml_backend_dev_type(model.dev_layer((int) il)) != GGML_BACKEND_DEVICE_TYPE_CPU;
+        ggml_backend_dev_t dev = model.dev_layer((int) il);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            continue;
+        }
+        const char * reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+        (reg != nullptr && std::strcmp(reg, "CUDA") == 0 ? kv_on_cuda : kv_on_other_gpu) = true;
     }
     const char * side = is_k ? "K" : "V";
     if (hp.is_mla()) {
@@ -42,7 +48,7 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
                         hp.n_embd_head_k_mla());
         return GGML_TYPE_COUNT;
     }
-    bool all128 = true;
+    bool all128 = true, all64 = true;
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
@@ -55,15 +61,16 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
             return GGML_TYPE_COUNT;
         }
         all128 = all128 && head % 128 == 0;
+        all64  = all64 && head == 64;
     }
     if (all128) {
         return t;
     }
     const ggml_type t64 = t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64;
-    if (kv_on_gpu) {
+    if (kv_on_other_gpu || (kv_on_cuda && !all64)) {
         LLAMA_LOG_ERROR("%s: %s cache type %s needs 64-value blocks (%s) for this model's head size, which run on the "
-                        "CPU only so far: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or use q4_0\n",
-                        __func__, side, ggml_type_name(t), ggml_type_name(t64));
+                        "CPU and, for head size 64, on CUDA: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or "
+                        "use q4_0\n", __func__, side, ggml_type_name(t), ggml_type_name(t64));
         return GGML_TYPE_COUNT;
     }
     LLAMA_LOG_INFO("%s: %s cache type %s uses 64-value blocks (%s, %.3f bits per value) for this model's head size\n",

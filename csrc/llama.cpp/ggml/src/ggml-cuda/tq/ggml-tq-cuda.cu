@@ -18,9 +18,11 @@ static const tq_cu_tables & tq_tables() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Quantize rows: one CTA of 128 threads per 128-value block (a decode step writes a few blocks per launch, so
-// the latency of one block is what counts). Row i1 of the source goes to row ids[i1] (SET_ROWS) or i1 (CPY).
-// Dequantize: one warp per block.
+// Quantize rows: one CTA of N threads per N-value block (N = 128, or 64 for TQ3_64 / TQ4_64; a decode step
+// writes a few blocks per launch, so the latency of one block is what counts). Row i1 of the source goes to row
+// ids[i1] (SET_ROWS) or i1 (CPY). Dequantize: one warp per block.
+
+static int tq_block_n_of(ggml_type t) { return t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ? TQ_BLOCK_64 : TQ_BLOCK; }
 
 struct tq_rows_shape {
     int64_t nblk;          // blocks per row
@@ -54,24 +56,28 @@ static __device__ __forceinline__ int64_t tq_rows_id(const char * ids, const tq_
     return (int64_t) *reinterpret_cast<const idx_t *>(ids + p.i1 * sh.i0 + (p.i2 % sh.ine1) * sh.i1 + (p.i3 % sh.ine2) * sh.i2);
 }
 
-template <int BITS, typename src_t, typename idx_t>
-static __global__ void __launch_bounds__(128) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
-                                                                 const tq_rows_shape sh,
-                                                                 const __grid_constant__ tq_cu_tables tab) {
+template <int BITS, int N, typename src_t, typename idx_t>
+static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
+                                                               const tq_rows_shape sh,
+                                                               const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
     const int tid = threadIdx.x;
-    tq_cu_tables_load(t, tab, tid);
+    tq_cu_tables_load<N>(t, tab, tid);
     tq_rows_pos p;
     if (!tq_rows_locate(sh, blockIdx.x, p)) {
         return; // uniform over the CTA
     }
     const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
-    const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * TQ_BLOCK;
+    const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * N;
     const float v = (float) x[tid];
-    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * tq_cu_block_bytes(BITS);
+    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * tq_cu_block_bytes_n(BITS, N);
     __syncthreads(); // the tables
-    tq_cu_quantize_block<BITS>(t, v, out, sm, tid);
+    if constexpr (N == TQ_BLOCK) {
+        tq_cu_quantize_block<BITS>(t, v, out, sm, tid);
+    } else {
+        tq_cu_quantize_block64<BITS>(t, v, out, sm, tid);
+    }
 }
 
 template <typename src_t, typename idx_t>
@@ -82,10 +88,11 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
         return;
     }
     const dim3 grid((unsigned) n);
-    if (type == GGML_TYPE_TQ3) {
-        k_tq_quantize_rows<3, src_t, idx_t><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
-    } else {
-        k_tq_quantize_rows<4, src_t, idx_t><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
+    switch (type) {
+        case GGML_TYPE_TQ3:    k_tq_quantize_rows<3, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4:    k_tq_quantize_rows<4, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_64: k_tq_quantize_rows<3, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        default:               k_tq_quantize_rows<4, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -93,7 +100,7 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
 // ---------------------------------------------------------------------------------------------------------
 // Dequantize rows: one warp per block; source row ids[i1] (GET_ROWS) or i1.
 
-template <int BITS, typename dst_t, bool IDS>
+template <int BITS, int N, typename dst_t, bool IDS>
 static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * src, const char * ids, char * dst,
                                                                    const tq_rows_shape sh,
                                                                    const __grid_constant__ tq_cu_tables tab) {
@@ -106,12 +113,16 @@ static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * 
         return;
     }
     const int64_t row = IDS ? tq_rows_id<int32_t>(ids, sh, p) : p.i1;
-    const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * tq_cu_block_bytes(BITS);
-    float y[4];
-    tq_cu_dequantize_block<BITS>(t, blk, y, lane);
-    dst_t * o = reinterpret_cast<dst_t *>(dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * TQ_BLOCK;
+    const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * tq_cu_block_bytes_n(BITS, N);
+    float y[N / 32];
+    if constexpr (N == TQ_BLOCK) {
+        tq_cu_dequantize_block<BITS>(t, blk, y, lane);
+    } else {
+        tq_cu_dequantize_block64<BITS>(t, blk, y, lane);
+    }
+    dst_t * o = reinterpret_cast<dst_t *>(dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * N;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < N / 32; ++k) {
         o[lane + 32 * k] = ggml_cuda_cast<dst_t>(y[k]);
     }
 }
@@ -124,10 +135,11 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
         return;
     }
     const dim3 grid((unsigned) ((n + 3) / 4));
-    if (type == GGML_TYPE_TQ3) {
-        k_tq_dequantize_rows<3, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
-    } else {
-        k_tq_dequantize_rows<4, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables());
+    switch (type) {
+        case GGML_TYPE_TQ3:    k_tq_dequantize_rows<3, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4:    k_tq_dequantize_rows<4, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_64: k_tq_dequantize_rows<3, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        default:               k_tq_dequantize_rows<4, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -152,7 +164,8 @@ static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_r
 template <typename T>
 static void tq_to_t_cont(ggml_type type, const void * x, T * y, int64_t k, cudaStream_t stream) {
     const int64_t bb = (int64_t) ggml_type_size(type);
-    const tq_rows_shape sh = {1, k / TQ_BLOCK, 1, 1, bb, 0, 0, (int64_t) (TQ_BLOCK * sizeof(T)), 0, 0, 0, 0, 0, 1, 1};
+    const int64_t n = tq_block_n_of(type);
+    const tq_rows_shape sh = {1, k / n, 1, 1, bb, 0, 0, (int64_t) (n * sizeof(T)), 0, 0, 0, 0, 0, 1, 1};
     tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
 }
 
@@ -161,7 +174,7 @@ static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int6
                        int64_t s01, int64_t s02, int64_t s03, cudaStream_t stream) {
     const int64_t bb = (int64_t) ggml_type_size(type);
     const int64_t d1 = ne00 * (int64_t) sizeof(T);
-    const tq_rows_shape sh = {ne00 / TQ_BLOCK, ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb,
+    const tq_rows_shape sh = {ne00 / tq_block_n_of(type), ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb,
                               d1, d1 * ne01, d1 * ne01 * ne02, 0, 0, 0, 1, 1};
     tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
 }
@@ -172,23 +185,31 @@ static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int6
     static void tq3_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
                                    int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3, x, y, a, b, c, d, e, f, g, s); } \
     static void tq4_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                   int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4, x, y, a, b, c, d, e, f, g, s); }
+                                   int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4, x, y, a, b, c, d, e, f, g, s); } \
+    static void tq3_64_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ3_64, x, y, k, s); } \
+    static void tq4_64_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ4_64, x, y, k, s); } \
+    static void tq3_64_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
+                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3_64, x, y, a, b, c, d, e, f, g, s); } \
+    static void tq4_64_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
+                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4_64, x, y, a, b, c, d, e, f, g, s); }
 
 TQ_CONVERTERS(fp16, half)
 TQ_CONVERTERS(fp32, float)
 
-to_fp16_cuda_t ggml_cuda_tq_get_to_fp16(ggml_type type) {
-    return type == GGML_TYPE_TQ3 ? tq3_to_fp16 : type == GGML_TYPE_TQ4 ? tq4_to_fp16 : nullptr;
-}
-to_fp32_cuda_t ggml_cuda_tq_get_to_fp32(ggml_type type) {
-    return type == GGML_TYPE_TQ3 ? tq3_to_fp32 : type == GGML_TYPE_TQ4 ? tq4_to_fp32 : nullptr;
-}
-to_fp16_nc_cuda_t ggml_cuda_tq_get_to_fp16_nc(ggml_type type) {
-    return type == GGML_TYPE_TQ3 ? tq3_to_fp16_nc : type == GGML_TYPE_TQ4 ? tq4_to_fp16_nc : nullptr;
-}
-to_fp32_nc_cuda_t ggml_cuda_tq_get_to_fp32_nc(ggml_type type) {
-    return type == GGML_TYPE_TQ3 ? tq3_to_fp32_nc : type == GGML_TYPE_TQ4 ? tq4_to_fp32_nc : nullptr;
-}
+#define TQ_GETTER(RET, NAME, SUFFIX)                                  \
+    RET NAME(ggml_type type) {                                        \
+        switch (type) {                                               \
+            case GGML_TYPE_TQ3:    return tq3_to_##SUFFIX;            \
+            case GGML_TYPE_TQ4:    return tq4_to_##SUFFIX;            \
+            case GGML_TYPE_TQ3_64: return tq3_64_to_##SUFFIX;         \
+            case GGML_TYPE_TQ4_64: return tq4_64_to_##SUFFIX;         \
+            default:               return nullptr;                    \
+        }                                                             \
+    }
+TQ_GETTER(to_fp16_cuda_t, ggml_cuda_tq_get_to_fp16, fp16)
+TQ_GETTER(to_fp32_cuda_t, ggml_cuda_tq_get_to_fp32, fp32)
+TQ_GETTER(to_fp16_nc_cuda_t, ggml_cuda_tq_get_to_fp16_nc, fp16_nc)
+TQ_GETTER(to_fp32_nc_cuda_t, ggml_cuda_tq_get_to_fp32_nc, fp32_nc)
 
 // ---------------------------------------------------------------------------------------------------------
 // Ops.
@@ -250,7 +271,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             if (!ggml_cuda_tq_is_tq(dst->type)) {
                 return false;
             }
-            tq_rows_shape sh = tq_shape_of(a, dst, a->ne[0] / TQ_BLOCK);
+            tq_rows_shape sh = tq_shape_of(a, dst, a->ne[0] / tq_block_n_of(dst->type));
             sh.i0 = b->nb[0]; sh.i1 = b->nb[1]; sh.i2 = b->nb[2];
             sh.ine1 = b->ne[1]; sh.ine2 = b->ne[2];
             const char * s = (const char *) a->data;
@@ -271,7 +292,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             }
             // dst row (i1, i2, i3) = a row ids[i1, i2, i3] of plane (i2, i3)
             tq_rows_shape sh = {};
-            sh.nblk = a->ne[0] / TQ_BLOCK;
+            sh.nblk = a->ne[0] / tq_block_n_of(a->type);
             sh.ne1 = dst->ne[1]; sh.ne2 = dst->ne[2]; sh.ne3 = dst->ne[3];
             sh.s1 = a->nb[1]; sh.s2 = a->nb[2]; sh.s3 = a->nb[3];
             sh.d1 = dst->nb[1]; sh.d2 = dst->nb[2]; sh.d3 = dst->nb[3];
@@ -290,7 +311,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             }
             const char * s = (const char *) a->data;
             char * d = (char *) b->data;
-            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / TQ_BLOCK);
+            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / tq_block_n_of(ggml_cuda_tq_is_tq(a->type) ? a->type : b->type));
             if (a->type == b->type) {
                 const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
                 if (n > 0) {
@@ -342,6 +363,8 @@ int tq_fa_kind_of(ggml_type t) {
         case GGML_TYPE_Q8_0: return TQFA_Q8_0;
         case GGML_TYPE_TQ3:  return TQFA_TQ3;
         case GGML_TYPE_TQ4:  return TQFA_TQ4;
+        case GGML_TYPE_TQ3_64: return TQFA_TQ3_64;
+        case GGML_TYPE_TQ4_64: return TQFA_TQ4_64;
         default:             return -1;
     }
 }
@@ -359,7 +382,12 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
         return false;
     }
     const int64_t D = Q->ne[0];
-    if ((D != 128 && D != 256) || K->ne[0] != D || V->ne[0] != D) {
+    const int tk = tq_fa_kind_of(K->type), tv = tq_fa_kind_of(V->type);
+    if ((tq_fa_is_tq64(tk) && tq_fa_is_tq128(tv)) || (tq_fa_is_tq128(tk) && tq_fa_is_tq64(tv))) {
+        return false; // one head size gives one block size
+    }
+    const bool d_ok = tq_fa_slice(tk, tv) == 64 ? D == 64 : (D == 128 || D == 256);
+    if (!d_ok || K->ne[0] != D || V->ne[0] != D) {
         return false;
     }
     if (K->ne[2] == 0 || Q->ne[2] % K->ne[2] != 0 || Q->ne[2] / K->ne[2] > TQ_FA_MAX_COLS || V->ne[2] != K->ne[2]) {
@@ -455,7 +483,9 @@ bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * 
         case TQFA_F16:  tq_fa_run<TQFA_F16>(ctx, dst); break;
         case TQFA_Q8_0: tq_fa_run<TQFA_Q8_0>(ctx, dst); break;
         case TQFA_TQ3:  tq_fa_run<TQFA_TQ3>(ctx, dst); break;
-        default:        tq_fa_run<TQFA_TQ4>(ctx, dst); break;
+        case TQFA_TQ4:  tq_fa_run<TQFA_TQ4>(ctx, dst); break;
+        case TQFA_TQ3_64: tq_fa_run<TQFA_TQ3_64>(ctx, dst); break;
+        default:        tq_fa_run<TQFA_TQ4_64>(ctx, dst); break;
     }
     return true;
 }

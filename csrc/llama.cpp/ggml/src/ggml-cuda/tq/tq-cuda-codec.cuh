@@ -23,25 +23,42 @@ struct tq_cu_tables {
     float bound4[15];
     float sub[16];
     uint32_t signs[4];
+    // the 64-value blocks (TQ3_64 / TQ4_64): the d = 64 codebooks and their own rotation's signs
+    float cent3_64[8];
+    float cent4_64[16];
+    float bound3_64[7];
+    float bound4_64[15];
+    uint32_t signs64[2];
 };
 
 // Filled from the C codec, the single source of every constant.
 static inline void tq_cu_tables_init(tq_cu_tables * t) {
     for (int i = 0; i < 8; ++i) {
-        t->cent3[i] = tq_centroids(3)[i];
+        t->cent3[i]    = tq_centroids(3)[i];
+        t->cent3_64[i] = tq_centroids_n(3, TQ_BLOCK_64)[i];
     }
     for (int i = 0; i < 16; ++i) {
-        t->cent4[i] = tq_centroids(4)[i];
-        t->sub[i]   = tq_subscales()[i];
+        t->cent4[i]    = tq_centroids(4)[i];
+        t->cent4_64[i] = tq_centroids_n(4, TQ_BLOCK_64)[i];
+        t->sub[i]      = tq_subscales()[i];
     }
     tq_scaled_boundaries(3, 1.0f, t->bound3); // 1 * b == b: the codec's boundaries exactly
     tq_scaled_boundaries(4, 1.0f, t->bound4);
+    tq_scaled_boundaries_n(3, TQ_BLOCK_64, 1.0f, t->bound3_64);
+    tq_scaled_boundaries_n(4, TQ_BLOCK_64, 1.0f, t->bound4_64);
     for (int i = 0; i < 4; ++i) {
         t->signs[i] = TQ_SIGNS[i];
+    }
+    for (int i = 0; i < 2; ++i) {
+        t->signs64[i] = TQ_SIGNS_64[i];
     }
 }
 
 static __host__ __device__ constexpr int tq_cu_block_bytes(int bits) { return bits == 3 ? TQ3_BLOCK_BYTES : TQ4_BLOCK_BYTES; }
+// Bytes of a block of N = 128 or 64 values.
+static __host__ __device__ constexpr int tq_cu_block_bytes_n(int bits, int n) {
+    return n == TQ_BLOCK ? tq_cu_block_bytes(bits) : bits == 3 ? TQ3_64_BLOCK_BYTES : TQ4_64_BLOCK_BYTES;
+}
 
 // Exact IEEE float ops: no flush to zero, never contracted into an FMA.
 static __device__ __forceinline__ float tq_fadd(float a, float b) {
@@ -89,6 +106,9 @@ static __device__ __forceinline__ float tq_cu_bf16_to_fp32(uint32_t h) { return 
 static __device__ __forceinline__ float tq_cu_sign(const tq_cu_tables & t, int i) {
     return (t.signs[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
 }
+static __device__ __forceinline__ float tq_cu_sign64(const tq_cu_tables & t, int i) {
+    return (t.signs64[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
+}
 
 // One butterfly stage of stride h < 32 across the lanes of a warp: the lower lane of each pair keeps a + b, the
 // upper one a - b (a: the lower lane's value).
@@ -113,22 +133,36 @@ static __device__ __forceinline__ void tq_cu_fwht_warp(float v[4], int lane) {
     v[0] = tq_fadd(a, c); v[2] = tq_fsub(a, c); v[1] = tq_fadd(b, d); v[3] = tq_fsub(b, d);
 }
 
+// The same for 64 values v[r] = value lane + 32r (r = 0, 1): strides 1..16 across lanes, 32 in registers.
+static __device__ __forceinline__ void tq_cu_fwht_warp64(float v[2], int lane) {
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+        v[0] = tq_cu_wht_lane_stage(v[0], lane, h);
+        v[1] = tq_cu_wht_lane_stage(v[1], lane, h);
+    }
+    const float a = v[0], b = v[1];
+    v[0] = tq_fadd(a, b);
+    v[1] = tq_fsub(a, b);
+}
+
 // Sequential double sum in index order (the codec's loop), done by lane 0 from shared scratch. Unrolled so the
 // shared loads are issued ahead of the dependent adds (same adds, same order: the result is bit-identical).
+template <int N = TQ_BLOCK>
 static __device__ __forceinline__ double tq_cu_seq_sum(const double * s) {
     double acc = 0.0;
 #pragma unroll 32
-    for (int i = 0; i < TQ_BLOCK; ++i) {
+    for (int i = 0; i < N; ++i) {
         acc = __dadd_rn(acc, s[i]);
     }
     return acc;
 }
 // Two independent sequential sums side by side (the least-squares scale's numerator and denominator).
+template <int N = TQ_BLOCK>
 static __device__ __forceinline__ void tq_cu_seq_sum2(const double * s, const double * t, double & a, double & b) {
     a = 0.0;
     b = 0.0;
 #pragma unroll 32
-    for (int i = 0; i < TQ_BLOCK; ++i) {
+    for (int i = 0; i < N; ++i) {
         a = __dadd_rn(a, s[i]);
         b = __dadd_rn(b, t[i]);
     }
@@ -143,11 +177,13 @@ struct tq_cu_qscratch {
     double   bcast;
 };
 
-// Copies the tables into shared memory, a word per thread (a by-value kernel parameter: __grid_constant__).
+// Copies the tables into shared memory, a word per thread per step (a by-value kernel parameter: __grid_constant__).
+template <int NT = TQ_BLOCK>
 static __device__ __forceinline__ void tq_cu_tables_load(tq_cu_tables & dst, const tq_cu_tables & src, int tid) {
-    static_assert(sizeof(tq_cu_tables) % 4 == 0 && sizeof(tq_cu_tables) / 4 <= TQ_BLOCK, "tables: one word a thread");
-    if (tid < (int) (sizeof(tq_cu_tables) / 4)) {
-        reinterpret_cast<uint32_t *>(&dst)[tid] = reinterpret_cast<const uint32_t *>(&src)[tid];
+    static_assert(sizeof(tq_cu_tables) % 4 == 0, "tables: whole words");
+#pragma unroll
+    for (int i = tid; i < (int) (sizeof(tq_cu_tables) / 4); i += NT) {
+        reinterpret_cast<uint32_t *>(&dst)[i] = reinterpret_cast<const uint32_t *>(&src)[i];
     }
 }
 
@@ -314,5 +350,165 @@ static __device__ __forceinline__ void tq_cu_dequantize_block(const tq_cu_tables
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(TQ_WHT_NORM, tq_cu_sign(t, lane + 32 * r))), s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 64-value blocks (TQ3_64 / TQ4_64): the same algorithm on a CTA of 64 threads (thread i holds value i; sub-block
+// i / 16, so warp w holds sub-blocks 2w and 2w + 1) and, for dequantizing, a warp with lane l holding values l and
+// l + 32.
+
+// Quantizes one 64-value block with a CTA of 64 threads (every thread must call it). The multiplier search: in
+// warp w, lane l tries multiplier l & 15 on sub-block 2w + (l >> 4), summing its 16 squared errors in the codec's
+// canonical order (accumulator i & 7, then the fixed tree), and a 16-lane (error, j) minimum picks the winner.
+template <int BITS>
+static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, uint8_t * out, tq_cu_qscratch & sm,
+                                              int tid) {
+    constexpr int NB = (1 << BITS) - 1;
+    const float * cent  = BITS == 3 ? t.cent3_64 : t.cent4_64;
+    const float * bound = BITS == 3 ? t.bound3_64 : t.bound4_64;
+    const int w = tid >> 5, lane = tid & 31;
+
+    sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
+    __syncthreads();
+    if (tid == 0) {
+        sm.bcast = tq_cu_seq_sum<TQ_BLOCK_64>(sm.d[0]);
+    }
+    __syncthreads();
+    const double ss = sm.bcast;
+
+    uint32_t idx = 0, pick = 0;
+    uint16_t scale_bits = 0;
+    if (!isfinite(ss)) { // uniform over the CTA
+        scale_bits = tq_cu_fp32_to_bf16(__uint_as_float(0x7fc00000u));
+    } else {
+        const double norm = __dsqrt_rn(ss);
+        float y = norm > 0.0 ? tq_d2f(__ddiv_rn(tq_f2d(x), norm)) : 0.0f;
+        y = tq_fmul(y, tq_cu_sign64(t, tid));
+#pragma unroll
+        for (int h = 1; h < 32; h <<= 1) {
+            y = tq_cu_wht_lane_stage(y, lane, h);
+        }
+        sm.y[w][lane] = y; // stride 32: across the two warps
+        __syncthreads();
+        const float o = sm.y[w ^ 1][lane];
+        y = w ? tq_fsub(o, y) : tq_fadd(y, o);
+        __syncthreads();
+        y = tq_fmul(y, TQ_WHT_NORM_64);
+        sm.y[w][lane] = y;
+        __syncthreads();
+
+        {
+            const uint32_t j = (uint32_t) lane & 15u;
+            const float * ys = &sm.y[w][lane & 16]; // this lane's sub-block: 16 values
+            const float m = t.sub[j];
+            float bm[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                bm[b] = tq_fmul(m, bound[b]);
+            }
+            float acc[8];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const float v = ys[i];
+                int k = 0;
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    k += tq_fgt(v, bm[b]);
+                }
+                const float d = tq_fsub(v, tq_fmul(m, cent[k]));
+                acc[i & 7] = i < 8 ? tq_fadd(0.0f, tq_fmul(d, d)) : tq_fadd(acc[i & 7], tq_fmul(d, d));
+            }
+            float err = tq_fadd(tq_fadd(tq_fadd(acc[0], acc[4]), tq_fadd(acc[2], acc[6])),
+                                tq_fadd(tq_fadd(acc[1], acc[5]), tq_fadd(acc[3], acc[7])));
+            uint32_t jb = j;
+#pragma unroll
+            for (int o2 = 1; o2 < 16; o2 <<= 1) {
+                const float eo = __shfl_xor_sync(0xffffffffu, err, o2);
+                const uint32_t jo = __shfl_xor_sync(0xffffffffu, jb, o2);
+                if (tq_flt(eo, err) || (!tq_flt(err, eo) && jo < jb)) {
+                    err = eo;
+                    jb  = jo;
+                }
+            }
+            pick = jb; // the winner of sub-block 2w + (lane >> 4) = tid >> 4: this thread's own value's
+        }
+        {
+            const float m = t.sub[pick];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                idx += tq_fgt(y, tq_fmul(m, bound[b]));
+            }
+        }
+
+        const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
+        sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[1][tid] = __dmul_rn(c, c);
+        __syncthreads();
+        if (tid == 0) {
+            double yc, cc;
+            tq_cu_seq_sum2<TQ_BLOCK_64>(sm.d[0], sm.d[1], yc, cc);
+            double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
+            if (s > tq_f2d(TQ_BF16_MAX)) {
+                s = tq_f2d(TQ_BF16_MAX);
+            }
+            scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
+        }
+    }
+
+    sm.idx[tid] = (uint8_t) idx;
+    if ((tid & 15) == 0) {
+        sm.pick[tid >> 4] = pick;
+    }
+    __syncthreads();
+    if (BITS == 3) {
+        if (tid < 8) {
+            uint32_t wd = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                wd |= (uint32_t) (sm.idx[8 * tid + j] & 7u) << (3 * j);
+            }
+            out[TQ_HEADER_BYTES + 3 * tid + 0] = (uint8_t) (wd & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 1] = (uint8_t) ((wd >> 8) & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 2] = (uint8_t) ((wd >> 16) & 0xffu);
+        }
+    } else if (tid < 32) {
+        out[TQ_HEADER_BYTES + tid] = (uint8_t) ((sm.idx[tid] & 15u) | ((sm.idx[tid + 32] & 15u) << 4));
+    }
+    if (tid == 0) {
+        const uint32_t subs = sm.pick[0] | sm.pick[1] << 4 | sm.pick[2] << 8 | sm.pick[3] << 12;
+        out[0] = (uint8_t) (scale_bits & 0xffu);
+        out[1] = (uint8_t) (scale_bits >> 8);
+        out[2] = (uint8_t) (subs & 0xffu);
+        out[3] = (uint8_t) (subs >> 8);
+    }
+}
+
+// Index of value i (0..63) of a 64-value block from its packed bytes q (after the header).
+template <int BITS>
+static __device__ __forceinline__ uint32_t tq_cu_index64(const uint8_t * q, int i) {
+    if (BITS == 3) {
+        return tq_cu_index<3>(q, i); // the same 3-byte groups
+    }
+    return i < 32 ? (q[i] & 15u) : (q[i - 32] >> 4);
+}
+
+// Dequantizes one 64-value block into y[r] = value lane + 32r (the codec's tq_dequantize_block_n(.., 64, ..)).
+template <int BITS>
+static __device__ __forceinline__ void tq_cu_dequantize_block64(const tq_cu_tables & t, const uint8_t * blk,
+                                                                float y[2], int lane) {
+    const float * cent = BITS == 3 ? t.cent3_64 : t.cent4_64;
+    const uint32_t s_bits = (uint32_t) blk[0] | ((uint32_t) blk[1] << 8);
+    const uint32_t subs   = (uint32_t) blk[2] | ((uint32_t) blk[3] << 8);
+    const float s = tq_cu_bf16_to_fp32(s_bits);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = lane + 32 * r;
+        y[r] = tq_fmul(t.sub[(subs >> (4 * (i >> 4))) & 15u], cent[tq_cu_index64<BITS>(blk + TQ_HEADER_BYTES, i)]);
+    }
+    tq_cu_fwht_warp64(y, lane);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(TQ_WHT_NORM_64, tq_cu_sign64(t, lane + 32 * r))), s);
     }
 }

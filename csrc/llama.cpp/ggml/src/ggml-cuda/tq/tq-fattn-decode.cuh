@@ -4,7 +4,7 @@
 //
 // Split-K ("flash decoding"): a CUDA block owns one KV head of one sequence, all of its GQA query heads (and up
 // to 8 query rows: C columns), and one chunk of the cache; a second kernel merges the chunks.
-//  - K: the query is rotated once per block (tq_rotate per 128 slice) and pre-scaled; each key is scored in
+//  - K: the query is rotated once per block (tq_rotate per 128 slice, or per 64 slice for the 64-value kinds) and pre-scaled; each key is scored in
 //    the rotated domain straight from its codebook indices: s * sum_k m_k * sum_i c[idx_i] * q_rot_i.
 //    One thread per key, the query read from shared memory as a broadcast, so one decode serves C columns.
 //  - V: rows are never un-rotated: the block accumulates sum_t p_t * s_t * m_k * c[idx] in the rotated domain
@@ -17,11 +17,20 @@
 
 #include "tq-cuda-codec.cuh"
 
-enum tq_fa_kind { TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3 };
+enum tq_fa_kind { TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3, TQFA_TQ3_64 = 4, TQFA_TQ4_64 = 5 };
 
-static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) { return kind == TQFA_TQ3 || kind == TQFA_TQ4; }
-// 32-bit words of one 128-value TQ block.
-static __host__ __device__ constexpr int tq_fa_block_words(int kind) { return kind == TQFA_TQ3 ? TQ3_BLOCK_WORDS : TQ4_BLOCK_WORDS; }
+static __host__ __device__ constexpr bool tq_fa_is_tq128(int kind) { return kind == TQFA_TQ3 || kind == TQFA_TQ4; }
+static __host__ __device__ constexpr bool tq_fa_is_tq64(int kind) { return kind == TQFA_TQ3_64 || kind == TQFA_TQ4_64; }
+static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) { return tq_fa_is_tq128(kind) || tq_fa_is_tq64(kind); }
+// 32-bit words of one TQ block (52 / 68 / 28 / 36 bytes).
+static __host__ __device__ constexpr int tq_fa_block_words(int kind) {
+    return kind == TQFA_TQ3 ? TQ3_BLOCK_WORDS : kind == TQFA_TQ4 ? TQ4_BLOCK_WORDS
+         : kind == TQFA_TQ3_64 ? TQ3_64_BLOCK_BYTES / 4 : TQ4_64_BLOCK_BYTES / 4;
+}
+// The kernel's slice width: the rotation size of its TQ side(s), 64 when one of them has 64-value blocks (a 64
+// kind never meets a 128 kind: both come from the same head size). V is accumulated SW / 32 coordinates per lane
+// per slice, and the query is rotated per slice.
+static __host__ __device__ constexpr int tq_fa_slice(int tk, int tv) { return tq_fa_is_tq64(tk) || tq_fa_is_tq64(tv) ? 64 : 128; }
 
 #define TQ_FA_THREADS 128
 #define TQ_FA_TILE    128
@@ -97,7 +106,7 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
     for (int c = 0; c < C; ++c) {
         sc[c] = 0.0f;
     }
-    if constexpr (tq_fa_is_tq(TK)) {
+    if constexpr (tq_fa_is_tq128(TK)) {
         constexpr int BW = tq_fa_block_words(TK);
         const float * cent = TK == TQFA_TQ3 ? cb : cb + 8;
 #pragma unroll
@@ -148,6 +157,56 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                 sc[c] += s * bsum[c];
             }
         }
+    } else if constexpr (tq_fa_is_tq64(TK)) { // sub-blocks of 16 values; cb holds the d = 64 codebooks here
+        constexpr int BW = tq_fa_block_words(TK);
+        const float * cent = TK == TQFA_TQ3_64 ? cb : cb + 8;
+#pragma unroll
+        for (int b = 0; b < D / 64; ++b) {
+            const uint32_t * blk = krow + b * BW;
+            const uint32_t h = blk[0];
+            float bsum[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                bsum[c] = 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float a[C];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    a[c] = 0.0f;
+                }
+                const float * q = qs + (b * 64 + 16 * k) * C;
+                if constexpr (TK == TQFA_TQ3_64) { // 48 bits from bit 48k of the 6 index words
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) {
+                        const int bit = 48 * k + 3 * i, wi = bit >> 5, sh = bit & 31;
+                        const uint32_t bits = sh <= 29 ? (blk[1 + wi] >> sh) : __funnelshift_r(blk[1 + wi], blk[2 + wi], sh);
+                        tq_fa_fma_q<C>(a, cent[bits & 7u], q + i * C);
+                    }
+                } else { // bytes 16 (k & 1) .. +15, low nibbles for sub-blocks 0-1, high for 2-3
+                    const int nib = k >= 2 ? 4 : 0;
+#pragma unroll
+                    for (int wj = 0; wj < 4; ++wj) {
+                        const uint32_t w = blk[1 + 4 * (k & 1) + wj];
+#pragma unroll
+                        for (int n = 0; n < 4; ++n) {
+                            tq_fa_fma_q<C>(a, cent[(w >> (8 * n + nib)) & 15u], q + (4 * wj + n) * C);
+                        }
+                    }
+                }
+                const float m = cb[24 + ((h >> (16 + 4 * k)) & 15u)];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    bsum[c] += m * a[c];
+                }
+            }
+            const float s = tq_cu_bf16_to_fp32(h & 0xffffu);
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                sc[c] += s * bsum[c];
+            }
+        }
     } else if constexpr (TK == TQFA_F16) {
         const half2 * r = reinterpret_cast<const half2 *>(kg);
 #pragma unroll 8
@@ -180,15 +239,17 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
     }
 }
 
-// acc[b][j][c] += w[c] * value(coordinate 128b + 4*lane + j) of one V row (rotated domain for TQ).
-template <int D, int C, int TV>
-static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[4][C], const float * pw, const uint32_t * vrow,
+// acc[b][j][c] += w[c] * value(coordinate SW b + (SW / 32) lane + j) of one V row (rotated domain for TQ), SW the
+// kernel's slice width (tq_fa_slice).
+template <int D, int C, int TV, int SW>
+static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], const float * pw, const uint32_t * vrow,
                                                      const char * vg, const float * cb, int lane) {
+    constexpr int VPL = SW / 32;
 #pragma unroll
-    for (int b = 0; b < D / 128; ++b) {
-        float v[4];
+    for (int b = 0; b < D / SW; ++b) {
+        float v[VPL];
         float w[C];
-        if constexpr (tq_fa_is_tq(TV)) {
+        if constexpr (tq_fa_is_tq128(TV)) {
             constexpr int BW = tq_fa_block_words(TV);
             const uint32_t * blk = vrow + b * BW;
             const uint32_t h = blk[0];
@@ -211,30 +272,55 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[4][C], const f
             for (int c = 0; c < C; ++c) {
                 w[c] = pw[c] * sm;
             }
+        } else if constexpr (tq_fa_is_tq64(TV)) { // coordinates 2 lane, 2 lane + 1: sub-block lane / 8
+            constexpr int BW = tq_fa_block_words(TV);
+            const uint32_t * blk = vrow + b * BW;
+            const uint32_t h = blk[0];
+            const float sm = tq_cu_bf16_to_fp32(h & 0xffffu) * cb[24 + ((h >> (16 + 4 * (lane >> 3))) & 15u)];
+            if constexpr (TV == TQFA_TQ3_64) {
+                const int bit = 6 * lane;
+                const uint32_t bits = __funnelshift_r(blk[1 + (bit >> 5)], blk[2 + (bit >> 5)], bit & 31);
+                v[0] = cb[bits & 7u];
+                v[1] = cb[(bits >> 3) & 7u];
+            } else {
+                const uint32_t wd = blk[1 + ((lane & 15) >> 1)] >> (16 * (lane & 1) + (lane >= 16 ? 4 : 0));
+                v[0] = cb[8 + (wd & 15u)];
+                v[1] = cb[8 + ((wd >> 8) & 15u)];
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                w[c] = pw[c] * sm;
+            }
         } else if constexpr (TV == TQFA_F16) {
-            const half2 * r = reinterpret_cast<const half2 *>(vg + 2 * (128 * b + 4 * lane));
-            const float2 a = __half22float2(r[0]);
-            const float2 bb = __half22float2(r[1]);
-            v[0] = a.x; v[1] = a.y; v[2] = bb.x; v[3] = bb.y;
+            const half2 * r = reinterpret_cast<const half2 *>(vg + 2 * (SW * b + VPL * lane));
+#pragma unroll
+            for (int j = 0; j < VPL; j += 2) {
+                const float2 a = __half22float2(r[j / 2]);
+                v[j] = a.x;
+                v[j + 1] = a.y;
+            }
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 w[c] = pw[c];
             }
         } else {
-            const int d0 = 128 * b + 4 * lane;
+            const int d0 = SW * b + VPL * lane;
             const char * blk = vg + 34 * (d0 >> 5);
             const float d = __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t *>(blk)));
             const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + (d0 & 31));
-            const uint16_t q01 = q[0], q23 = q[1];
-            v[0] = (float) (int8_t) (q01 & 0xffu); v[1] = (float) (int8_t) (q01 >> 8);
-            v[2] = (float) (int8_t) (q23 & 0xffu); v[3] = (float) (int8_t) (q23 >> 8);
+#pragma unroll
+            for (int j = 0; j < VPL; j += 2) {
+                const uint16_t two = q[j / 2];
+                v[j] = (float) (int8_t) (two & 0xffu);
+                v[j + 1] = (float) (int8_t) (two >> 8);
+            }
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 w[c] = pw[c] * d;
             }
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < VPL; ++j) {
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 acc[b][j][c] += w[c] * v[j];
@@ -245,7 +331,8 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[4][C], const f
 
 template <int D, int C, int TK, int TV>
 __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa_params p) {
-    constexpr int NB = D / 128;
+    constexpr int SW = tq_fa_slice(TK, TV), NB = D / SW, VPL = SW / 32; // a TQ side has one block per slice
+    static_assert(D % SW == 0, "head size: a multiple of the slice width");
     constexpr int KW = tq_fa_is_tq(TK) ? tq_fa_block_words(TK) * NB : 1;
     constexpr int VW = tq_fa_is_tq(TV) ? tq_fa_block_words(TV) * NB : 1;
 
@@ -260,10 +347,10 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
 
     if (tid < 8) {
-        cb[tid] = p.tab.cent3[tid];
+        cb[tid] = SW == 64 ? p.tab.cent3_64[tid] : p.tab.cent3[tid];
     }
     if (tid < 16) {
-        cb[8 + tid]  = p.tab.cent4[tid];
+        cb[8 + tid]  = SW == 64 ? p.tab.cent4_64[tid] : p.tab.cent4[tid];
         cb[24 + tid] = p.tab.sub[tid];
     }
 
@@ -282,18 +369,23 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         qs[i] = valid ? *reinterpret_cast<const float *>(p.Q + z * p.nb03 + h * p.nb02 + t * p.nb01 + 4 * d) * p.scale : 0.0f;
     }
     __syncthreads();
-    if constexpr (tq_fa_is_tq(TK)) { // q_rot = H D q / sqrt(128) per 128 slice, once per block
+    if constexpr (tq_fa_is_tq(TK)) { // q_rot = H D q / sqrt(SW) per slice, once per block
         for (int pair = warp; pair < C * NB; pair += 4) {
             const int c = pair % C, b = pair / C;
-            float v[4];
+            float v[VPL];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                v[r] = qs[(128 * b + lane + 32 * r) * C + c] * tq_cu_sign(p.tab, lane + 32 * r);
+            for (int r = 0; r < VPL; ++r) {
+                const int i = lane + 32 * r;
+                v[r] = qs[(SW * b + i) * C + c] * (SW == 64 ? tq_cu_sign64(p.tab, i) : tq_cu_sign(p.tab, i));
             }
-            tq_cu_fwht_warp(v, lane);
+            if constexpr (SW == 64) {
+                tq_cu_fwht_warp64(v, lane);
+            } else {
+                tq_cu_fwht_warp(v, lane);
+            }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                qs[(128 * b + lane + 32 * r) * C + c] = v[r] * TQ_WHT_NORM;
+            for (int r = 0; r < VPL; ++r) {
+                qs[(SW * b + lane + 32 * r) * C + c] = v[r] * (SW == 64 ? TQ_WHT_NORM_64 : TQ_WHT_NORM);
             }
         }
         __syncthreads();
@@ -313,7 +405,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     const int k1 = min(p.n_kv, k0 + p.chunk_keys);
 
     float M[C], L[C];
-    float acc[NB][4][C];
+    float acc[NB][VPL][C];
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         M[c] = -INFINITY;
@@ -321,7 +413,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < VPL; ++j) {
                 acc[b][j][c] = 0.0f;
             }
         }
@@ -381,7 +473,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
+                for (int j = 0; j < VPL; ++j) {
                     acc[b][j][c] *= alpha;
                 }
             }
@@ -389,7 +481,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         __syncthreads();
 
         for (int t = warp; t < nk; t += 4) {
-            tq_fa_accum_v<D, C, TV>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+            tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
         }
         __syncthreads();
     }
@@ -410,10 +502,10 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
+                for (int j = 0; j < VPL; ++j) {
 #pragma unroll
                     for (int c = 0; c < C; ++c) {
-                        float & o = qs[(128 * b + 4 * lane + j) * C + c];
+                        float & o = qs[(SW * b + VPL * lane + j) * C + c];
                         o = w == 0 ? acc[b][j][c] : o + acc[b][j][c];
                     }
                 }
@@ -433,9 +525,9 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     }
 }
 
-// Merges the chunks of one column, un-rotates a TQ V result once, writes dst (f32 [DV, n_head, n_q, n_seq]).
-// 128 threads (the launch and the reductions assume it).
-template <int D, bool VROT>
+// Merges the chunks of one column, un-rotates a TQ V result once (VROT: the rotation size, 128 or 64; 0 for none),
+// writes dst (f32 [DV, n_head, n_q, n_seq]). 128 threads (the launch and the reductions assume it).
+template <int D, int VROT>
 __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, const float2 * ml, const float * sinks,
                                                           char * dst, int64_t nb1, int64_t nb2, int64_t nb3,
                                                           int n_chunks, int n_cols_total, int C, int n_groups,
@@ -511,7 +603,21 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
         }
     }
     __syncthreads();
-    if constexpr (VROT) { // x = D H y / sqrt(128) per 128 slice
+    if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice
+        for (int sl = warp; sl < D / 64; sl += 4) {
+            float v[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                v[r] = out[64 * sl + lane + 32 * r];
+            }
+            tq_cu_fwht_warp64(v, lane);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                out[64 * sl + lane + 32 * r] = v[r] * (TQ_WHT_NORM_64 * tq_cu_sign64(tab, lane + 32 * r));
+            }
+        }
+        __syncthreads();
+    } else if constexpr (VROT == 128) { // x = D H y / sqrt(128) per 128 slice
         if (warp < D / 128) {
             float v[4];
 #pragma unroll

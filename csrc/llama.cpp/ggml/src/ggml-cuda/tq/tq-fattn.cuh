@@ -13,6 +13,8 @@ template <> void tq_fa_run<TQFA_F16>(ggml_backend_cuda_context & ctx, ggml_tenso
 template <> void tq_fa_run<TQFA_Q8_0>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 template <> void tq_fa_run<TQFA_TQ3>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 template <> void tq_fa_run<TQFA_TQ4>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+template <> void tq_fa_run<TQFA_TQ3_64>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+template <> void tq_fa_run<TQFA_TQ4_64>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
 int tq_fa_kind_of(ggml_type t);
 
@@ -25,14 +27,14 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     p.part = part.get();
     p.ml   = ml.get();
     const dim3 grid(n_chunks, n_kvh * p.n_groups, n_seq);
-    if constexpr (tq_fa_is_tq(TK) && tq_fa_is_tq(TV)) { // both sides TQ: the tensor-core kernel
+    if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) { // both sides TQ (128-value blocks): tensor cores
         tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32, 0, stream>>>(p);
     } else {
         tq_fa_decode_kernel<D, C, TK, TV><<<grid, TQ_FA_THREADS, 0, stream>>>(p);
     }
     CUDA_CHECK(cudaGetLastError());
     const ggml_tensor * sinks = dst->src[4];
-    tq_fa_merge_kernel<D, tq_fa_is_tq(TV)><<<p.n_cols_total, 128, 0, stream>>>(
+    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : tq_fa_is_tq(TV) ? 128 : 0><<<p.n_cols_total, 128, 0, stream>>>(
         p.part, p.ml, sinks ? (const float *) sinks->data : nullptr, (char *) dst->data, dst->nb[1], dst->nb[2],
         dst->nb[3], n_chunks, p.n_cols_total, C, p.n_groups, n_kvh, p.tpg, p.gqa, p.n_q, p.tab);
     CUDA_CHECK(cudaGetLastError());
@@ -54,21 +56,27 @@ static void tq_fa_run_dv(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 }
 
+// Head sizes: 128 and 256 with the 128-value blocks, 64 with the 64-value ones (ggml_cuda_tq_fattn_handles).
 template <int TK, int TV>
 static void tq_fa_run_v(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    if (dst->src[0]->ne[0] == 128) {
+    if constexpr (tq_fa_slice(TK, TV) == 64) {
+        tq_fa_run_dv<64, TK, TV>(ctx, dst);
+    } else if (dst->src[0]->ne[0] == 128) {
         tq_fa_run_dv<128, TK, TV>(ctx, dst);
     } else {
         tq_fa_run_dv<256, TK, TV>(ctx, dst);
     }
 }
 
+// The pairs: a TQ K with f16, q8_0 or a TQ V of the same block size; f16 / q8_0 K with any TQ V.
 #define TQ_FA_DEFINE_RUN(TK)                                                           \
     template <> void tq_fa_run<TK>(ggml_backend_cuda_context & ctx, ggml_tensor * dst) { \
         switch (tq_fa_kind_of(dst->src[2]->type)) {                                    \
             case TQFA_F16:  if constexpr (tq_fa_is_tq(TK)) { tq_fa_run_v<TK, TQFA_F16>(ctx, dst); } break;  \
             case TQFA_Q8_0: if constexpr (tq_fa_is_tq(TK)) { tq_fa_run_v<TK, TQFA_Q8_0>(ctx, dst); } break; \
-            case TQFA_TQ3:  tq_fa_run_v<TK, TQFA_TQ3>(ctx, dst); break;                \
-            default:        tq_fa_run_v<TK, TQFA_TQ4>(ctx, dst); break;                \
+            case TQFA_TQ3:  if constexpr (!tq_fa_is_tq64(TK)) { tq_fa_run_v<TK, TQFA_TQ3>(ctx, dst); } break;  \
+            case TQFA_TQ4:  if constexpr (!tq_fa_is_tq64(TK)) { tq_fa_run_v<TK, TQFA_TQ4>(ctx, dst); } break;  \
+            case TQFA_TQ3_64: if constexpr (!tq_fa_is_tq128(TK)) { tq_fa_run_v<TK, TQFA_TQ3_64>(ctx, dst); } break; \
+            default:        if constexpr (!tq_fa_is_tq128(TK)) { tq_fa_run_v<TK, TQFA_TQ4_64>(ctx, dst); } break; \
         }                                                                              \
     }
