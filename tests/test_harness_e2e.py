@@ -92,3 +92,20 @@ def test_niah_with_eviction_counts_rounds(text: Path, tmp_path: Path) -> None:
     assert proc.returncode == 1 and "INVALID" in proc.stdout
     (r,) = json.loads((tmp_path / "b" / "niah.json").read_text())["results"]
     assert r["evictions"] == 0 and not r["ok"]
+
+
+def test_evict_protocol_smoke(text: Path, tmp_path: Path) -> None:
+    """`llama-tq evict`: policies side by side at one budget, rounds during the prefill (-ub 128, warmup 256), every
+    scored token after the first round, the KLD that eviction adds, the table, JSON and plot."""
+    proc = llama_tq("evict", "--text", str(text), "--ctx", "1024", "--budgets", "50", "--policies",
+                    "V3,StreamingLLM", "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = {(r["policy"], r["budget_pct"]): r for r in json.loads((tmp_path / "evict.json").read_text())["rows"]}
+    assert set(rows) == {("none", 100), ("V3", 50), ("StreamingLLM", 50)}
+    assert rows[("none", 100)]["evictions"] is None
+    for pol in ("V3", "StreamingLLM"):
+        r = rows[(pol, 50)]
+        # budget 512 + divide 64: the first round after 640 tokens of each chunk, i.e. before the scored half ends
+        assert r["ok"] and r["evictions"] >= 6 and r["seen"] == pytest.approx((1024 - 640) / 512), r
+        assert r["kld"] > rows[("none", 100)]["kld"]
+    assert "| f16/f16 | 50 % |" in proc.stdout and (tmp_path / "evict_kld_vs_budget.png").stat().st_size > 0

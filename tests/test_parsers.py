@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq.harness import bench, ppl
+from llama_tq.harness import bench, evict, ppl
 from llama_tq.harness.common import KvConfig, eviction_check, eviction_of
 
 pytestmark = pytest.mark.unit
@@ -81,3 +81,26 @@ def test_eviction_of_reads_the_summary_line() -> None:
     assert eviction_of("llama_kv_cache: size = 1.00 MiB") is None
     assert eviction_check("triatt: summary: policy=V1 budget=600 rounds=0 evicted=0 t_ms=0.0", rc=0)[1]
     assert eviction_check("triatt: summary: policy=V1 budget=600 rounds=0 evicted=0 t_ms=0.0", rc=1) == (0, "")
+
+
+def test_baseline_policies_are_recognised() -> None:
+    assert eviction_of("triatt: StreamingLLM eviction on: budget 512, prefix 128, window 128") is not None
+    assert eviction_of("triatt: summary: policy=random budget=600 rounds=2 evicted=9 t_ms=0.0") is not None
+
+
+def test_seen_fraction_from_round_lines() -> None:
+    """Chunks of 2048 (scored: positions 1024..2047); a round's M is the cells it found, N the cells it evicted."""
+    line = "triatt: evict: evicted 9/99 cells round=1 seq=0 kept=90 budget=512 policy=V3 pos={} t_ms=1\n"
+    # chunk 1: first round after 768 tokens (all scored tokens after it), then every 128; chunk 2: first at 1536
+    log = line.format(767) + line.format(1919) + line.format(1535) + line.format(2047)
+    assert evict.seen_fraction(log, 2048) == pytest.approx((1.0 + 0.5) / 2)
+    assert evict.seen_fraction("no rounds", 2048) is None
+
+
+def test_eviction_configs_name_every_run() -> None:
+    cfgs = evict.configs([KvConfig.parse("q8_0/tq3")], 2048, (25, 50), {"V3": 2, "random": 4}, 256, 64)
+    assert [c.name for c in cfgs] == ["q8_0/tq3", "q8_0/tq3 V3 25%", "q8_0/tq3 random 25%", "q8_0/tq3 V3 50%",
+                                      "q8_0/tq3 random 50%"]  # fmt: skip
+    assert dict(cfgs[2].env) == {"TRIATT_BUDGET": "512", "TRIATT_HYBRID": "4", "TRIATT_WARMUP": "256",
+                                 "TRIATT_DIVIDE": "64"}  # fmt: skip
+    assert cfgs[2].slug == "q8_0_tq3_random_25pct"

@@ -49,7 +49,7 @@ def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     rounds = re.findall(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=(\d+) seq=0 kept=768 budget=768 "
-                        r"policy=V3 t_ms=[0-9.]+$", log, re.M)  # fmt: skip
+                        r"policy=V3 pos=\d+ t_ms=[0-9.]+$", log, re.M)  # fmt: skip
     assert [int(n) for _, n, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]  # the 3rd is after the last ubatch
     assert all(int(ev) == int(n) - 768 for ev, n, _ in rounds)
     assert "calibrated on" in log and "query capture removed" in log
@@ -82,11 +82,29 @@ def test_env_fallback_and_flag_wins(text: Path) -> None:
     assert proc.returncode == 0 and "triatt: evict:" not in proc.stderr
 
 
+@pytest.mark.parametrize(("hybrid", "name"), [(3, "StreamingLLM"), (4, "random")])
+def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
+    """The baselines of the eviction protocol run through the same hook as V3: the same rounds at the same positions
+    and the same budget (they rank cells by position alone; tests/test_triatt_engine.py checks which ones)."""
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "--triatt-hybrid", str(hybrid))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert f"triatt: {name} eviction on: budget 768" in log
+    rounds = re.findall(rf"triatt: evict: evicted \d+/(\d+) cells round=\d+ seq=0 kept=768 budget=768 policy={name} "
+                        r"pos=(\d+)", log)  # fmt: skip
+    assert [int(n) for n, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]
+    assert [int(p) for _, p in rounds] == [1023, 1535, 2047] * 3
+    assert final_ppl(log) < 100.0
+
+
 @pytest.mark.parametrize(
     ("flags", "msg"),
     [
         (["--triatt-budget", "200"], "--triatt-budget 200 must exceed the protected cells: window 128 + prefix = 256"),
-        (["--triatt-budget", "900", "--triatt-hybrid", "5"], "--triatt-hybrid must be 0 (V1), 1 (V2) or 2 (V3)"),
+        (
+            ["--triatt-budget", "900", "--triatt-hybrid", "5"],
+            "--triatt-hybrid must be 0 (V1), 1 (V2), 2 (V3), 3 (StreamingLLM) or 4 (random)",
+        ),
         (["--triatt-budget", "900", "--triatt-window", "-3"], "--triatt-window must not be negative"),
         (["--triatt-budget", "900", "--triatt-segments", "0"], "--triatt-segments must be at least 1"),
     ],

@@ -18,14 +18,23 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     if n <= budget:
         return ~keep
     prot = pos > pos.max() - window
-    if hybrid == 2:
+    if hybrid >= 2:  # V3 and the baselines protect the prefix (StreamingLLM's attention sinks)
         prot |= pos < prefix
     keep |= prot
     free = min(budget - int(prot.sum()), int((~prot).sum()))
     cand = np.flatnonzero(~prot)
+    if hybrid == 3:  # StreamingLLM: the most recent cells
+        score = pos.astype(np.float32)
+    elif hybrid == 4:  # random: 24 bits of splitmix64 of the position, seeded 0x5452 * golden ratio
+        m = (1 << 64) - 1
+        z = (pos.astype(np.uint64) + np.uint64((0x9E3779B97F4A7C15 * 0x5452) & m)) & np.uint64(m)
+        z = ((z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(m)
+        z = ((z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & np.uint64(m)
+        z ^= z >> np.uint64(31)
+        score = (z >> np.uint64(40)).astype(np.float32)
     # ranking: score descending, older position first on ties
     rank = lambda idx: idx[np.lexsort((pos[idx], -score[idx]))]  # noqa: E731
-    if hybrid == 0:
+    if hybrid in (0, 3, 4):
         keep[rank(cand)[:free]] = True
         return keep
     cand = cand[np.argsort(pos[cand], kind="stable")]
@@ -41,7 +50,7 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     return keep
 
 
-@pytest.mark.parametrize("hybrid", [0, 1, 2])
+@pytest.mark.parametrize("hybrid", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("seed", range(6))
 def test_select_matches_reference(hybrid: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -79,6 +88,16 @@ def test_select_invariants() -> None:
     seg = np.array_split(np.arange(n - 128), 8)
     assert all(keep[s].sum() >= 872 * len(s) // (n - 128) for s in seg)
     assert tri.select(pos, score2, budget=1000, hybrid=0, window=128)[n // 2 : n - 128].sum() == 0
+    # StreamingLLM: the sinks (prefix) and the most recent cells, whatever the scores
+    keep = tri.select(pos, score2, budget=1000, hybrid=3, prefix=128, window=128)
+    assert keep[:128].all() and keep[n - 872 :].all() and keep.sum() == 1000
+    # random: prefix and window kept, the rest spread evenly over the span, independent of the scores (the ranking
+    # is a fixed function of the position, so later rounds do not reshuffle what earlier ones kept)
+    keep = tri.select(pos, score, budget=1000, hybrid=4, prefix=128, window=128)
+    assert np.array_equal(keep, tri.select(pos, score2, budget=1000, hybrid=4, prefix=128, window=128))
+    assert keep[:128].all() and keep[-128:].all()
+    mid = keep[128 : n - 128].reshape(8, -1).mean(axis=1)
+    assert (abs(mid - 744 / (n - 256)) < 0.1).all(), mid
 
 
 def test_select_small_and_nan() -> None:
@@ -95,7 +114,8 @@ def test_select_small_and_nan() -> None:
     [
         ({"budget": 256}, "must exceed the protected cells: window 128 \\+ prefix = 256"),
         ({"budget": 100, "hybrid": 0}, "must exceed the protected cells: window 128 = 128"),
-        ({"budget": 1000, "hybrid": 3}, "--triatt-hybrid must be 0"),
+        ({"budget": 1000, "hybrid": 5}, r"0 \(V1\), 1 \(V2\), 2 \(V3\), 3 \(StreamingLLM\) or 4 \(random\)"),
+        ({"budget": 256, "hybrid": 3}, "must exceed the protected cells: window 128 \\+ prefix = 256"),
         ({"budget": 1000, "window": -1}, "--triatt-window must not be negative"),
         ({"budget": 1000, "segments": 0}, "--triatt-segments must be at least 1"),
         ({"budget": -5}, "--triatt-budget must not be negative"),

@@ -17,6 +17,16 @@ void triatt_config_default(triatt_config *c) {
     c->boundary_skip = 0;
 }
 
+const char *triatt_policy_name(int32_t hybrid) {
+    static const char *const names[] = {"V1", "V2", "V3", "StreamingLLM", "random"};
+    return hybrid >= 0 && hybrid <= 4 ? names[hybrid] : "?";
+}
+
+int triatt_policy_scored(int32_t hybrid) { return hybrid >= 0 && hybrid <= 2; }
+
+/* Positions < prefix are protected by V3 and by the baselines (StreamingLLM's attention sinks). */
+static int protects_prefix(int32_t hybrid) { return hybrid >= 2; }
+
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     const struct {
         const char *name;
@@ -29,8 +39,9 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
             return -1;
         }
     }
-    if (c->hybrid < 0 || c->hybrid > 2) {
-        snprintf(msg, msg_size, "--triatt-hybrid must be 0 (V1), 1 (V2) or 2 (V3) (got %d)", c->hybrid);
+    if (c->hybrid < 0 || c->hybrid > 4) {
+        snprintf(msg, msg_size,
+                 "--triatt-hybrid must be 0 (V1), 1 (V2), 2 (V3), 3 (StreamingLLM) or 4 (random) (got %d)", c->hybrid);
         return -1;
     }
     if (c->segments < 1) {
@@ -40,11 +51,11 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     if (c->budget == 0) {
         return 0;
     }
-    const int64_t protect = (int64_t)c->window + (c->hybrid == 2 ? c->prefix : 0);
+    const int64_t protect = (int64_t)c->window + (protects_prefix(c->hybrid) ? c->prefix : 0);
     if (c->budget <= protect) {
         snprintf(msg, msg_size,
                  "--triatt-budget %d must exceed the protected cells: window %d%s = %lld", c->budget, c->window,
-                 c->hybrid == 2 ? " + prefix" : "", (long long)protect);
+                 protects_prefix(c->hybrid) ? " + prefix" : "", (long long)protect);
         return -1;
     }
     return 0;
@@ -99,7 +110,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
     }
     int32_t n_cand = 0, n_prot = 0;
     for (int32_t i = 0; i < n; ++i) {
-        const int prot = (int64_t)pos[i] > (int64_t)pmax - c->window || (c->hybrid == 2 && pos[i] < c->prefix);
+        const int prot = (int64_t)pos[i] > (int64_t)pmax - c->window || (protects_prefix(c->hybrid) && pos[i] < c->prefix);
         keep[i] = (uint8_t)prot;
         n_prot += prot;
         if (!prot) {
@@ -110,10 +121,27 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
     if (free_slots > n_cand) {
         free_slots = n_cand;
     }
+    float *rank = NULL; /* the baselines' ranking in place of the score */
+    if (!triatt_policy_scored(c->hybrid)) {
+        rank = malloc(sizeof(float) * (size_t)n);
+        if (rank == NULL) {
+            free(cand);
+            return -1;
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            /* StreamingLLM: newer is better (positions < 2^24 are exact in float); random: 24 bits of a
+             * splitmix64 hash of the position (exact in float, ties to the older position) */
+            uint64_t z = (uint64_t)(uint32_t)pos[i] + 0x9e3779b97f4a7c15ull * 0x5452u;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+            z ^= z >> 31;
+            rank[i] = c->hybrid == 3 ? (float)pos[i] : (float)(z >> 40);
+        }
+    }
     g_sel.pos = pos;
-    g_sel.score = score;
+    g_sel.score = rank ? rank : score;
     int32_t kept = n_prot;
-    if (c->hybrid == 0) {
+    if (c->hybrid == 0 || rank) {
         qsort(cand, (size_t)n_cand, sizeof *cand, by_score);
         for (int32_t j = 0; j < free_slots; ++j) {
             keep[cand[j]] = 1;
@@ -145,6 +173,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
         }
         kept += free_slots;
     }
+    free(rank);
     free(cand);
     return kept;
 }

@@ -13,6 +13,9 @@
  *   hybrid 0 (V1): the highest-scoring other cells fill the budget;
  *   hybrid 1 (V2) / 2 (V3): the other cells, in position order, are cut into `segments` equal parts, each keeps
  *   floor(share) of the free slots by score; the slots lost to rounding go to the best remaining cells overall.
+ *   Baselines that ignore the score (prefix protected as in V3): hybrid 3 = StreamingLLM (attention sinks =
+ *   the prefix, then the most recent cells fill the budget), hybrid 4 = random (the other cells ranked by a fixed
+ *   hash of their position: a uniform, reproducible choice that keeps a kept cell ranked high in later rounds).
  * Every step is a sort: O(n log n).
  */
 #ifndef TRIATT_H
@@ -27,7 +30,8 @@ extern "C" {
 
 typedef struct triatt_config {
     int32_t budget;        /* cells kept per sequence after a round; 0 = eviction off */
-    int32_t hybrid;        /* 0 = V1 global ranking, 1 = V2 segment quota, 2 = V3 = V2 + protected prefix */
+    int32_t hybrid;        /* 0 = V1 global ranking, 1 = V2 segment quota, 2 = V3 = V2 + protected prefix,
+                              3 = StreamingLLM (prefix + recent), 4 = random (prefix + window + a fixed hash) */
     int32_t prefix;        /* V3: positions < prefix are never evicted */
     int32_t window;        /* the last `window` positions are never evicted */
     int32_t segments;      /* V2/V3 segments */
@@ -39,8 +43,14 @@ typedef struct triatt_config {
 /* budget 0 (off), hybrid 2, prefix 128, window 128, segments 8, divide 128, warmup 1024, boundary_skip 0 */
 void triatt_config_default(triatt_config *c);
 
-/* 0 if usable, else -1 with a message: negative values, hybrid outside 0..2, segments < 1, and a budget that does
- * not exceed the protected cells (window, plus prefix for V3). budget 0 is valid (off). */
+/* The policy's name: "V1", "V2", "V3", "StreamingLLM", "random" ("?" outside 0..4). */
+const char *triatt_policy_name(int32_t hybrid);
+
+/* Whether the policy ranks cells by the TriAttention score (V1-V3) rather than by position alone. */
+int triatt_policy_scored(int32_t hybrid);
+
+/* 0 if usable, else -1 with a message: negative values, hybrid outside 0..4, segments < 1, and a budget that does
+ * not exceed the protected cells (window, plus prefix for V3 and the baselines). budget 0 is valid (off). */
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size);
 
 /* Chooses the cells of one sequence to keep: n cells with distinct positions pos[i] and scores score[i]; writes

@@ -29,6 +29,7 @@ examples:
   llama-tq patch ~/src/llama.cpp --check   would our series apply to your tree?
   llama-tq patch ~/src/llama.cpp        apply it (atomic; --revert undoes it)
   llama-tq v3 --text wiki.test.raw      TriAttention V3 validation matrix (PPL/KLD + NIAH, with and without eviction)
+  llama-tq evict --text wiki.test.raw   eviction policies side by side at 25/50/75 % budgets (KLD, PPL, rounds)
   llama-tq paths                        where the tools and libraries are
 
 exit status: 0 success; 1 a run broke or was INVALID, a target was missed, or the patch series does not apply;
@@ -152,6 +153,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     bench.write_outputs(out, rows, args.out, meta)
     print(f"wrote {args.out}/bench.json, bench.csv")
     return EXIT_OK
+
+
+def _cmd_evict(args: argparse.Namespace) -> int:
+    from .harness import evict
+    from .harness.common import KvConfig
+
+    budgets = tuple(int(x) for x in args.budgets.split(",") if x.strip())
+    unknown = [p for p in args.policies.split(",") if p not in evict.POLICIES]
+    if unknown or not budgets or any(not 0 < b < 100 for b in budgets):
+        raise UsageError(f"--policies takes {', '.join(evict.POLICIES)}; --budgets percentages in 1..99 "
+                         f"(got policies {args.policies!r}, budgets {args.budgets!r})")  # fmt: skip
+    if not args.text.is_file():
+        raise UsageError(f"no such text file: {args.text}")
+    policies = {p: evict.POLICIES[p] for p in args.policies.split(",")}
+    report = evict.run(_model(args), args.text, args.out, caches=KvConfig.parse_list(args.caches), ctx=args.ctx,
+                       chunks=args.chunks, budgets=budgets, policies=policies, threads=args.threads)  # fmt: skip
+    print(f"\nwrote {args.out}/evict.json, evict.md, evict_kld_vs_budget.png (logs in {args.out}/logs)")
+    return EXIT_OK if all(r["ok"] for r in report["rows"]) else EXIT_FAILED  # type: ignore[union-attr, index]
 
 
 def _cmd_v3(args: argparse.Namespace) -> int:
@@ -293,6 +312,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", "-t", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("out/v3"))
     p.set_defaults(func=_cmd_v3)
+
+    p = sub.add_parser("evict", help="eviction policies (V3, V1, StreamingLLM, random) at budgets of the context")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--text", type=Path, required=True, help="evaluation text, e.g. wiki.test.raw")
+    p.add_argument("--caches", default="f16/f16", help="K/V configs (default f16/f16)")
+    p.add_argument("--ctx", type=int, default=2048, help="PPL context (default 2048)")
+    p.add_argument("--chunks", type=int, default=3, help="chunks (default 3, the protocol's minimum)")
+    p.add_argument("--budgets", default="25,50,75", help="budgets as %% of --ctx (default 25,50,75)")
+    p.add_argument("--policies", default="V3,V1,StreamingLLM,random")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("out/evict"))
+    p.set_defaults(func=_cmd_evict)
 
     p = sub.add_parser("python-binding", help="install the matching llama-cpp-python, bound to these libraries")
     p.set_defaults(func=_cmd_python_binding)

@@ -41,6 +41,7 @@ class KvConfig:
     k: str
     v: str
     env: tuple[tuple[str, str], ...] = ()  # extra environment from "@option" suffixes, e.g. "tq4/tq4@rot"
+    label: str = ""  # set by code, not parsed: a run's own suffix, e.g. an eviction policy and budget
 
     @classmethod
     def parse(cls, spec: str) -> KvConfig:
@@ -64,13 +65,13 @@ class KvConfig:
 
     @property
     def name(self) -> str:
-        opts = "+".join(next(k for k, val in OPTIONS.items() if val == e) for e in self.env)
-        return f"{self.k}/{self.v}" + (f"@{opts}" if opts else "")
+        opts = "+".join(k for e in self.env for k, val in OPTIONS.items() if val == e)
+        return f"{self.k}/{self.v}" + (f"@{opts}" if opts else "") + (f" {self.label}" if self.label else "")
 
     @property
     def slug(self) -> str:
         """The name as a file name."""
-        return self.name.replace("/", "_").replace("@", "_")
+        return self.name.replace("/", "_").replace("@", "_").replace(" ", "_").replace("%", "pct")
 
     @property
     def bits(self) -> float:
@@ -144,9 +145,11 @@ def progress(msg: str, end: str = "\n") -> None:
 
 # ---- eviction, as libllama reports it (csrc/llama.cpp/src/triatt/llama-triatt.h documents the lines) ----------
 
-EVICT_ON = re.compile(r"triatt: V(\d) eviction on: budget (\d+)")
+POLICY = r"(V\d|StreamingLLM|random)"
+EVICT_ON = re.compile(rf"triatt: {POLICY} eviction on: budget (\d+)")
 EVICT_ROUND = re.compile(r"triatt: evict: evicted (\d+)/(\d+) cells")  # anywhere: -lv 4 may prefix a timestamp
-EVICT_SUMMARY = re.compile(r"triatt: summary: policy=V(\d) budget=(\d+) rounds=(\d+) evicted=(\d+)")
+EVICT_ROUND_POS = re.compile(r"triatt: evict: evicted \d+/\d+ cells .*? pos=(\d+)")  # the newest position
+EVICT_SUMMARY = re.compile(rf"triatt: summary: policy={POLICY} budget=(\d+) rounds=(\d+) evicted=(\d+)")
 
 
 @dataclass(frozen=True)

@@ -138,8 +138,7 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
 }
 
 llama_triatt::~llama_triatt() {
-    static const char * names[] = {"V1", "V2", "V3"};
-    LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f\n", names[cfg.hybrid],
+    LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f\n", triatt_policy_name(cfg.hybrid),
                    cfg.budget, rounds, (long long) evicted, t_ms);
 }
 
@@ -280,7 +279,7 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const uint32_t stream = kv->get_stream(seq);
     const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
     for (auto & ls : layers) {
-        if (ls.mu_re.empty()) {
+        if (ls.mu_re.empty() || !triatt_policy_scored(cfg.hybrid)) { // the baselines rank by position alone
             continue;
         }
         ggml_tensor * k = kv->get_k_storage(ls.il);
@@ -343,9 +342,8 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     evicted += n_ev;
     const double ms = (ggml_time_us() - t0) / 1000.0;
     t_ms += ms;
-    static const char * names[] = {"V1", "V2", "V3"};
-    LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s t_ms=%.1f\n", n_ev,
-                   n, rounds, seq, n - n_ev, cfg.budget, names[cfg.hybrid], ms);
+    LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f\n",
+                   n_ev, n, rounds, seq, n - n_ev, cfg.budget, triatt_policy_name(cfg.hybrid), t_now, ms);
 }
 
 // ---- the C API (include/llama.h) -----------------------------------------------------------------------------------
@@ -375,8 +373,9 @@ int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * 
         return -1;
     }
     if (t) {
-        LLAMA_LOG_INFO("triatt: V%d eviction on: budget %d, prefix %d, window %d, segments %d, divide %d, warmup %d\n",
-                       cfg.hybrid + 1, cfg.budget, cfg.prefix, cfg.window, cfg.segments, cfg.divide, cfg.warmup);
+        LLAMA_LOG_INFO("triatt: %s eviction on: budget %d, prefix %d, window %d, segments %d, divide %d, warmup %d\n",
+                       triatt_policy_name(cfg.hybrid), cfg.budget, cfg.prefix, cfg.window, cfg.segments, cfg.divide,
+                       cfg.warmup);
     }
     ctx->set_triatt(std::move(t));  // budget 0: eviction off
     return 0;

@@ -3,9 +3,10 @@
 //
 // It also holds the C API of include/llama.h (llama_triatt_default_params, llama_triatt_configure, ...).
 //
-// Log format (parsed by llama_tq.harness.common; keep them in step):
+// Log format (parsed by llama_tq.harness.common; keep them in step; the policy is V1, V2, V3, StreamingLLM or random):
 //   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
-//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 t_ms=T
+//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T
+//                           (P: the newest position in the sequence when the round ran)
 //   warn (shown at the default verbosity), when the context ends:
 //                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T
 #pragma once
