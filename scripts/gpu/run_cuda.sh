@@ -10,6 +10,8 @@
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
+#   evict  TriAttention eviction on the GPU and on the CPU (-ngl 99 / 0): a head-128 synthetic model with a byte
+#          vocabulary, -c 2048 -b 512 -ub 128, V3 / StreamingLLM at 50 %: rounds, cells evicted, PPL, wall time
 #   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H64_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
@@ -171,6 +173,28 @@ stage_head64() {
     for t in ${H64_TYPES:-f16 q8_0 q4_0 tq4 tq3}; do
         "$bin/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -d "${H64_DEPTHS:-0,4096,32768}" -r "${BENCH_REPS:-5}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/h64_llama_bench.err" | tee -a "$RES/h64_llama_bench.md" || rc=1
+    done
+    return "$rc"
+}
+
+stage_evict() {
+    local m="$W/synth_ev.gguf" ngl pol log rc=0 t0
+    PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 8 --n-embd 1024 --n-head 8 \
+        --n-head-kv 4 --n-ctx 8192 --byte-vocab > /dev/null || return 1
+    head -c 20000 .gpu/wiki.test.raw > "$W/ev_text.txt"
+    for ngl in 99 0; do
+        for pol in none 2 3; do
+            log="$RES/evict_ngl${ngl}_$pol.log"
+            local ev=()
+            [ "$pol" != none ] && ev=(--triatt-budget 1024 --triatt-warmup 256 --triatt-divide 64 --triatt-hybrid "$pol")
+            t0=$(date +%s.%N)
+            "$bin/llama-perplexity" -m "$m" -f "$W/ev_text.txt" -c 2048 -b 512 -ub 128 --chunks 3 -fa on -lv 4 \
+                -ngl "$ngl" -t "$(nproc)" "${ev[@]}" > "$log" 2>&1 || rc=1
+            printf 'evict ngl %-2s policy %-4s wall %6.2f s  %s  rounds %s  evicted %s\n' "$ngl" "$pol" \
+                "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')" \
+                "$(grep -o 'Final estimate: PPL = [0-9.]*' "$log")" "$(grep -c 'triatt: evict:' "$log")" \
+                "$(grep -o 'evicted [0-9]*/' "$log" | tr -dc '0-9\n' | awk '{ s += $1 } END { print s + 0 }')"
+        done
     done
     return "$rc"
 }
