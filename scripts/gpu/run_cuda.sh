@@ -196,6 +196,22 @@ stage_evict() {
                 "$(grep -o 'evicted [0-9]*/' "$log" | tr -dc '0-9\n' | awk '{ s += $1 } END { print s + 0 }')"
         done
     done
+    # overhead: 16 chunks, no eviction and V3 interleaved, llama_perf's total time
+    head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
+    local rep
+    for ngl in 99 0; do
+        for rep in 1 2 3; do
+            for pol in none 2; do
+                log="$RES/ov_ngl${ngl}_${pol}_$rep.log"
+                local ev=()
+                [ "$pol" != none ] && ev=(--triatt-budget 1024 --triatt-warmup 256 --triatt-divide 64 --triatt-hybrid "$pol")
+                "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 2048 -b 512 -ub 128 --chunks 16 -fa on -lv 4 \
+                    -ngl "$ngl" -t "$(nproc)" "${ev[@]}" > "$log" 2>&1 || rc=1
+                printf 'overhead ngl %-2s rep %s policy %-4s %s %s\n' "$ngl" "$rep" "$pol" \
+                    "$(grep -o 'total time = *[0-9.]* ms' "$log")" "$(grep -o 'summary: .*' "$log")"
+            done
+        done
+    done
     return "$rc"
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "llama-batch.h"
 #include "llama-context.h"
@@ -93,7 +94,7 @@ std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, co
 
 llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv,
                            uint32_t n_seq_max, const triatt_config & cfg)
-    : model(model), kv(kv), n_seq_max(n_seq_max), cfg(cfg) {
+    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)), cfg(cfg) {
     const auto & hp = model.hparams;
     layer_slot.assign(hp.n_layer(), -1);
     std::vector<uint32_t> ids = kv->get_layer_ids();
@@ -288,27 +289,43 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         slab.resize(row_bytes * cells.size());
         ggml_backend_tensor_get(k, slab.data(), stream * k->nb[2], row_bytes * cells.size());
         const auto * traits = ggml_get_type_traits(k->type);
-        std::vector<float> keys((size_t) n * n_embd);
-        for (int32_t c = 0; c < n; ++c) {
-            const uint8_t * src = slab.data() + row_bytes * idx[c];
-            float * dst = keys.data() + (size_t) c * n_embd;
-            if (k->type == GGML_TYPE_F32) {
-                std::memcpy(dst, src, n_embd * sizeof(float));
-            } else {
-                traits->to_float(src, dst, n_embd);
-            }
-            if (rot_block > 0) {
-                unrotate_hadamard(dst, n_embd, rot_block);
-            }
-        }
-        kv->get_tq_keys().true_keys(ls.il, keys.data(), n);  // scores are computed on the true keys
         const size_t np = (size_t) ls.head_dim / 2;
-        std::vector<float> a_re(np), a_im(np), b(np);
+        std::vector<float> a_re(np * ls.n_head_kv), a_im(np * ls.n_head_kv), b(np * ls.n_head_kv);
         for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
             triatt_coeffs(&ls.rope, &ls.mu_re[hk * np], &ls.mu_im[hk * np], &ls.mag[hk * np], (double) t_now, 16,
-                          a_re.data(), a_im.data(), b.data());
-            triatt_score_add(&ls.rope, a_re.data(), a_im.data(), b.data(), keys.data() + (size_t) hk * ls.head_dim,
-                             (size_t) n_embd, n, score.data());
+                          &a_re[hk * np], &a_im[hk * np], &b[hk * np]);
+        }
+        std::vector<float> keys((size_t) n * n_embd);
+        // cells [c0, c1): decode, undo the transforms, score every KV head; each cell's score sums the layers and
+        // heads in the same order whatever the split, so the result does not depend on the thread count
+        auto score_cells = [&](int32_t c0, int32_t c1) {
+            for (int32_t c = c0; c < c1; ++c) {
+                const uint8_t * src = slab.data() + row_bytes * idx[c];
+                float * dst = keys.data() + (size_t) c * n_embd;
+                if (k->type == GGML_TYPE_F32) {
+                    std::memcpy(dst, src, n_embd * sizeof(float));
+                } else {
+                    traits->to_float(src, dst, n_embd);
+                }
+                if (rot_block > 0) {
+                    unrotate_hadamard(dst, n_embd, rot_block);
+                }
+            }
+            float * rows = keys.data() + (size_t) c0 * n_embd;
+            kv->get_tq_keys().true_keys(ls.il, rows, c1 - c0);  // scores are computed on the true keys
+            for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
+                triatt_score_add(&ls.rope, &a_re[hk * np], &a_im[hk * np], &b[hk * np], rows + (size_t) hk * ls.head_dim,
+                                 (size_t) n_embd, c1 - c0, score.data() + c0);
+            }
+        };
+        const int32_t n_thr = std::max(1, std::min(n_threads, n / 256)); // >= 256 cells a thread
+        std::vector<std::thread> pool;
+        for (int32_t t = 1; t < n_thr; ++t) {
+            pool.emplace_back(score_cells, (int32_t) ((int64_t) n * t / n_thr), (int32_t) ((int64_t) n * (t + 1) / n_thr));
+        }
+        score_cells(0, (int32_t) ((int64_t) n / n_thr));
+        for (auto & th : pool) {
+            th.join();
         }
     }
     std::vector<uint8_t> keep((size_t) n);

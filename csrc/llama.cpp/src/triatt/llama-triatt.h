@@ -67,6 +67,7 @@ private:
     const llama_model & model;
     llama_kv_cache * kv;  // the full-attention cache (the base cache of a sliding-window hybrid)
     uint32_t n_seq_max;
+    int32_t n_threads;  // the context's batch threads: a round scores cell ranges in parallel
     triatt_config cfg;
     std::vector<layer_stats> layers;  // full-attention layers, in model order
     std::vector<int32_t> layer_slot;  // model layer -> index in layers, or -1

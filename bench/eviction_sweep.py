@@ -1,0 +1,45 @@
+"""V3's segment quota and protected prefix on the eviction protocol of `llama-tq evict` (issue 15).
+
+    python bench/eviction_sweep.py [--text wiki.test.raw] [--out bench/results/evict/tuning]
+
+f16 cache, -c 2048 -b 512 -ub 128, 3 chunks, rounds during the prefill (warmup 256, divide 64); budgets 25 and 50 %;
+V3 with segments x prefix in {8, 2, 1} x {128, 32} (TRIATT_SEGMENTS / TRIATT_PREFIX). Prints KLD vs f16 per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from llama_tq.harness import ppl
+from llama_tq.harness.common import KvConfig
+from llama_tq.models import default_model
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
+SETTINGS = ((8, 128), (2, 128), (1, 128), (8, 32), (1, 32))  # (segments, prefix); (8, 128) is the default
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text", type=Path, default=WIKI)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "evict" / "tuning")
+    args = ap.parse_args()
+    ctx = 2048
+    cfgs = [KvConfig("f16", "f16")]
+    for pct in (25, 50):
+        for seg, pre in SETTINGS:
+            env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_HYBRID", "2"), ("TRIATT_WARMUP", "256"),
+                   ("TRIATT_DIVIDE", "64"), ("TRIATT_SEGMENTS", str(seg)), ("TRIATT_PREFIX", str(pre)))  # fmt: skip
+            cfgs.append(KvConfig("f16", "f16", env, f"V3 seg{seg} prefix{pre} {pct}%"))
+    res = ppl.run_matrix(default_model(), args.text, cfgs, ctx=ctx, chunks=3, threads=2, extra_args=["-ub", "128"],
+                         out_dir=args.out / "run")  # fmt: skip
+    pairs = zip(cfgs, res[1:], strict=True)
+    lines = [f"{c.name:40s} KLD {r.kld:.4f} PPL {r.ppl:.4f} rounds {r.evictions}" for c, r in pairs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
