@@ -27,8 +27,9 @@ def fa_times(log: str) -> dict[str, dict[str, float]]:
 
 
 def bench_rates(md: str) -> dict[str, dict[str, float]]:
-    """llama-bench -o md tables; a table without type_k/type_v columns is f16/f16."""
-    out: dict[str, dict[str, float]] = {}
+    """llama-bench -o md tables; a table without type_k/type_v columns is f16/f16. A pair benchmarked more than once
+    in the run (interleaved repeats, to show the run-to-run noise) gets the mean of its runs."""
+    runs: dict[str, dict[str, list[float]]] = {}
     cols: list[str] = []
     names = {"tg128": "tg128_d0", "tg128 @ d32768": "tg128_d32768", "pp512 @ d32768": "pp512_d32768",
              "pp512": "pp512_d0"}  # fmt: skip
@@ -46,8 +47,8 @@ def bench_rates(md: str) -> dict[str, dict[str, float]]:
         pair = f"{row.get('type_k', 'f16')}/{row.get('type_v', 'f16')}"
         name = names.get(row["test"])
         if name:
-            out.setdefault(pair, {})[name] = float(row["t/s"].split("±")[0])
-    return out
+            runs.setdefault(pair, {}).setdefault(name, []).append(float(row["t/s"].split("±")[0]))
+    return {pair: {k: round(sum(v) / len(v), 2) for k, v in vals.items()} for pair, vals in runs.items()}
 
 
 def main() -> None:

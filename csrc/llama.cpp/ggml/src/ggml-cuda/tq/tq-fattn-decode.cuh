@@ -525,116 +525,115 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     }
 }
 
-// Merges the chunks of one column, un-rotates a TQ V result once (VROT: the rotation size, 128 or 64; 0 for none),
-// writes dst (f32 [DV, n_head, n_q, n_seq]). 128 threads (the launch and the reductions assume it).
+// Merges the chunks of a column, un-rotates a TQ V result once (VROT: the rotation size, 128 or 64; 0 for none),
+// writes dst (f32 [DV, n_head, n_q, n_seq]). 128-thread blocks; with few chunks a warp per column (4 columns a
+// block, no barrier), with many (one sequence's decode: ~128) the 4 warps of a block share a column's chunks and
+// add up through shared memory once. Chunk weights stay in registers, shuffled to the lanes. (A block per column
+// with shared-memory reductions took ~7 us on the 4-sequence case: NOTES.md.)
+static __host__ __device__ __forceinline__ int tq_fa_merge_cols(int n_chunks) { // columns per block
+    return n_chunks <= 32 ? 4 : 1;
+}
 template <int D, int VROT>
 __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, const float2 * ml, const float * sinks,
                                                           char * dst, int64_t nb1, int64_t nb2, int64_t nb3,
                                                           int n_chunks, int n_cols_total, int C, int n_groups,
                                                           int n_kvh, int tpg, int gqa, int n_q, tq_cu_tables tab) {
-    __shared__ float out[D];
-    __shared__ float w[128]; // chunk weights exp(m_i - max), one slice of 128 chunks at a time
-    __shared__ float red[2][4];
-    const int col = blockIdx.x;
+    constexpr int R = D / 32; // values per lane: d = lane + 32 r
+    __shared__ float acc[3][D];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cpb = tq_fa_merge_cols(n_chunks), wpc = 4 / cpb; // columns per block, warps per column (block-uniform)
+    const int col = blockIdx.x * cpb + warp / wpc, ws = warp % wpc;
     const int c = col % C, grp = (col / C) % n_groups, kvh = (col / (C * n_groups)) % n_kvh;
     const int z = col / (C * n_groups * n_kvh);
     const int tok = grp * tpg + c / gqa, head = kvh * gqa + c % gqa;
-    if (c >= tpg * gqa || tok >= n_q) {
-        return;
+    if (col >= n_cols_total || c >= tpg * gqa || tok >= n_q) {
+        return; // warp-uniform; block-uniform when the warps share a column
     }
-    // max and sum of exp over the chunks, in parallel (a decode of one sequence can have hundreds of chunks)
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float mx = -INFINITY;
-    for (int i = tid; i < n_chunks; i += 128) {
+    for (int i = lane; i < n_chunks; i += 32) {
         mx = fmaxf(mx, ml[(int64_t) i * n_cols_total + col].x);
     }
     mx = tq_fa_warp_max(mx);
-    if (lane == 0) {
-        red[0][warp] = mx;
-    }
-    __syncthreads();
-    mx = fmaxf(fmaxf(red[0][0], red[0][1]), fmaxf(red[0][2], red[0][3]));
     if (sinks) {
         mx = fmaxf(mx, sinks[head]);
     }
     float l = 0.0f;
-    for (int i = tid; i < n_chunks; i += 128) {
+    for (int i = lane; i < n_chunks; i += 32) {
         const float2 e = ml[(int64_t) i * n_cols_total + col];
         l += e.x == -INFINITY ? 0.0f : e.y * __expf(e.x - mx);
     }
     l = tq_fa_warp_sum(l);
-    if (lane == 0) {
-        red[1][warp] = l;
-    }
-    __syncthreads();
-    l = red[1][0] + red[1][1] + red[1][2] + red[1][3];
     if (sinks && mx != -INFINITY) {
         l += __expf(sinks[head] - mx);
     }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float o[(D + 127) / 128];
+    float o[R];
 #pragma unroll
-    for (int j = 0; j < (D + 127) / 128; ++j) {
-        o[j] = 0.0f;
+    for (int r = 0; r < R; ++r) {
+        o[r] = 0.0f;
     }
-    for (int i0 = 0; i0 < n_chunks; i0 += 128) {
-        const int n = min(128, n_chunks - i0);
-        __syncthreads();
-        if (tid < n) {
-            const float2 e = ml[(int64_t) (i0 + tid) * n_cols_total + col];
-            w[tid] = e.x == -INFINITY ? 0.0f : __expf(e.x - mx);
+    for (int i0 = 32 * ws; i0 < n_chunks; i0 += 32 * wpc) {
+        const int n = min(32, n_chunks - i0);
+        float wl = 0.0f; // weight of chunk i0 + lane
+        if (lane < n) {
+            const float2 e = ml[(int64_t) (i0 + lane) * n_cols_total + col];
+            wl = e.x == -INFINITY ? 0.0f : __expf(e.x - mx);
         }
-        __syncthreads();
-#pragma unroll 32 // many loads in flight: one sequence's decode has ~128 chunks to sum
+#pragma unroll 16 // loads in flight
         for (int i = 0; i < n; ++i) {
-            const float * pr = part + ((int64_t) (i0 + i) * n_cols_total + col) * D;
+            const float wi = __shfl_sync(0xffffffffu, wl, i);
+            const float * pr = part + ((int64_t) (i0 + i) * n_cols_total + col) * D + lane;
 #pragma unroll
-            for (int j = 0; j < (D + 127) / 128; ++j) {
-                if (tid + 128 * j < D) {
-                    o[j] += pr[tid + 128 * j] * w[i];
-                }
+            for (int r = 0; r < R; ++r) {
+                o[r] += pr[32 * r] * wi;
             }
         }
     }
+    if (wpc > 1) { // block-uniform
+        if (ws > 0) {
 #pragma unroll
-    for (int j = 0; j < (D + 127) / 128; ++j) {
-        if (tid + 128 * j < D) {
-            out[tid + 128 * j] = o[j] * inv;
+            for (int r = 0; r < R; ++r) {
+                acc[ws - 1][lane + 32 * r] = o[r];
+            }
+        }
+        __syncthreads();
+        if (ws > 0) {
+            return;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            o[r] += (acc[0][lane + 32 * r] + acc[1][lane + 32 * r]) + acc[2][lane + 32 * r];
         }
     }
-    __syncthreads();
-    if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice
-        for (int sl = warp; sl < D / 64; sl += 4) {
-            float v[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                v[r] = out[64 * sl + lane + 32 * r];
-            }
+    for (int r = 0; r < R; ++r) {
+        o[r] *= inv;
+    }
+    if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice: o[2 s + r] is d = 64 s + lane + 32 r
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl) {
+            float * v = o + 2 * sl;
             tq_cu_fwht_warp64(v, lane);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                out[64 * sl + lane + 32 * r] = v[r] * (TQ_WHT_NORM_64 * tq_cu_sign64(tab, lane + 32 * r));
+                v[r] *= TQ_WHT_NORM_64 * tq_cu_sign64(tab, lane + 32 * r);
             }
         }
-        __syncthreads();
-    } else if constexpr (VROT == 128) { // x = D H y / sqrt(128) per 128 slice
-        if (warp < D / 128) {
-            float v[4];
+    } else if constexpr (VROT == 128) { // x = D H y / sqrt(128) per 128 slice: o[4 s + r] is d = 128 s + lane + 32 r
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                v[r] = out[128 * warp + lane + 32 * r];
-            }
+        for (int sl = 0; sl < D / 128; ++sl) {
+            float * v = o + 4 * sl;
             tq_cu_fwht_warp(v, lane);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                out[128 * warp + lane + 32 * r] = v[r] * (TQ_WHT_NORM * tq_cu_sign(tab, lane + 32 * r));
+                v[r] *= TQ_WHT_NORM * tq_cu_sign(tab, lane + 32 * r);
             }
         }
-        __syncthreads();
     }
     float * drow = reinterpret_cast<float *>(dst + head * nb1 + tok * nb2 + z * nb3);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        drow[d] = out[d];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        drow[lane + 32 * r] = o[r];
     }
 }
 

@@ -2,19 +2,19 @@
 //
 // Same split-K grid, parameters and partial-output layout as tq_fa_decode_kernel (tq-fattn-decode.cuh), so the
 // merge kernel is shared. The difference is where the arithmetic happens: each warp owns a 16-key tile, and
-//  - K: S = Q K^T as mma with A = the rotated query (rows = the block's <= 8 columns: GQA heads x query rows)
-//    and B = the key tile decoded straight from its indices into fragments. The dot product is a sum over
-//    coordinates, so each lane's fragment slots may hold any coordinates as long as the query uses the same
-//    ones: lane (g, t) decodes key g and exactly one sub-block (tq3: coordinates 32t..32t+31; tq4: the bytes
-//    16t..16t+15, i.e. coordinates 16t.. and 64+16t..), so one index field and one multiplier pair per key.
-//    A fragment value pair is one lookup in a (c[a], c[b]) pair table times the multiplier pair (HMUL2); the
-//    block scale multiplies the f32 score.
-//  - V: O^T = V^T P^T with A = the value tile (rows = coordinates, columns = keys) and B = P^T, which is the
-//    K step's accumulator layout as is (FlashAttention-2's register reuse). A m-tile never leaves one
-//    sub-block, so s * m of each key folds into B and A is pure codebook values: a pair-table lookup per two
-//    keys. Lane (g, t) holds the coordinates 32k + 4g .. 32k + 4g + 3 of each sub-block k: one index field.
+//  - K: S^T = K Q^T as mma with A = the key tile decoded straight from its indices into fragments (rows = the
+//    tile's 16 keys: lane (g, t) decodes keys g and g + 8) and B = the rotated query (columns = the block's <= 8
+//    query columns: GQA heads x query rows). The dot product is a sum over coordinates, so each lane's fragment
+//    slots may hold any coordinates as long as the query uses the same ones: lane (g, t) decodes exactly one
+//    sub-block of each of its keys (tq3: coordinates 32t..32t+31; tq4: the bytes 16t..16t+15, i.e. coordinates
+//    16t.. and 64+16t..), so one index field and one multiplier pair per key. A fragment value pair is one
+//    lookup in a (c[a], c[b]) pair table times the multiplier pair (HMUL2); the block scale multiplies the f32
+//    score. Two movmatrix transposes turn the scores' layout into the V step's P^T.
+//  - V: O^T = V^T P^T with A = the value tile (rows = coordinates, columns = keys) and B = P^T. A m-tile never
+//    leaves one sub-block, so s * m of each key folds into B and A is pure codebook values: a pair-table lookup
+//    per two keys. Lane (g, t) holds the coordinates 32k + 4g .. 32k + 4g + 3 of each sub-block k: one index field.
 //  - Both tiles come through shared memory with 4-byte cp.async, two stages per warp; the pair tables are
-//    replicated across banks (tq3 32 copies, tq4 8) so that data-dependent lookups do not conflict.
+//    replicated across banks (tq3 32 copies, tq4 16 or 8) so that data-dependent lookups rarely conflict.
 // The decode is ~2 instructions per value and the multiply-adds are the tensor cores', against ~8 per value
 // for the SIMT kernel (bench/results/cuda/NOTES.md).
 #pragma once
@@ -28,10 +28,14 @@
 #define TQ_MMA_MIN_BLOCKS 4 // head 128: 4 blocks (16 warps) per SM, i.e. at most 128 registers
 #endif
 
-template <int T> struct tq_mma_lut_t {
+// Pair table of type T in a kernel for head size D. Copies: lane l reads copy l % REP, so 32 copies are conflict
+// free; tq4's 256 entries get 16 copies at D = 128 (8 copies conflicted 2.5x: ncu, NOTES.md) and 8 at D = 256,
+// where 16 would pass the 48 KB of static shared memory.
+template <int T, int D> struct tq_mma_lut_t {
     static constexpr int ENTRIES = T == TQFA_TQ3 ? 64 : 256; // (a, b) index pairs
-    static constexpr int REP     = T == TQFA_TQ3 ? 32 : 8;   // copies, one per bank group
+    static constexpr int REP     = T == TQFA_TQ3 ? 32 : D == 128 ? 16 : 8;
     static constexpr int WORDS   = ENTRIES * REP;
+    static constexpr int LOG2_STRIDE = T == TQFA_TQ3 ? 7 : D == 128 ? 6 : 5; // log2(REP * 4 bytes)
 };
 
 static __device__ __forceinline__ uint32_t tq_mma_h2(float lo, float hi) {
@@ -51,6 +55,19 @@ static __device__ __forceinline__ void tq_mma_16816(float (&d)[4], uint32_t a0, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+static __device__ __forceinline__ uint32_t tq_mma_opaque(uint32_t x) {
+    uint32_t y;
+    asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
+// 8x8 transpose of 16-bit values across the warp (lane (r, c) holds row r, columns 2c, 2c + 1)
+static __device__ __forceinline__ half2 tq_mma_trans(half2 x) {
+    uint32_t in = *reinterpret_cast<const uint32_t *>(&x), out;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(out) : "r"(in));
+    return *reinterpret_cast<const half2 *>(&out);
+}
+
 static __device__ __forceinline__ void tq_mma_cp4(uint32_t * dst, const void * src) {
     const uint32_t s = (uint32_t) __cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src));
@@ -65,17 +82,25 @@ static __device__ __forceinline__ uint32_t tq_mma_bits(const uint32_t * w, int s
     const int wi = sh >> 5, o = sh & 31;
     return o <= 20 ? w[wi] >> o : __funnelshift_r(w[wi], w[wi + 1], o);
 }
+// the same for a run-time shift: always a funnel shift (one instruction, no branch on the offset); it may read the
+// word after the field, which is why the staging buffer has one word of padding
+static __device__ __forceinline__ uint32_t tq_mma_bits_rt(const uint32_t * w, int sh) {
+    const int wi = sh >> 5;
+    return __funnelshift_r(w[wi], w[wi + 1], sh & 31);
+}
 
 // One lane's share of a 128-value block row: the index field (tq3: sub-block t, 3 words; tq4: bytes 16t..16t+15,
 // 4 words) and the multiplier pair as half2 (tq3: m_t twice; tq4: m of coordinates 16t.. and of 64 + 16t..).
 template <int T> struct tq_mma_field {
     uint32_t w[4];
     uint32_t mm;
+    uint32_t h; // the block's header word (bf16 scale in the low half)
 };
 template <int T>
 static __device__ __forceinline__ tq_mma_field<T> tq_mma_load_field(const uint32_t * blk, int t, const float * sub) {
     tq_mma_field<T> f;
     const uint32_t h = blk[0];
+    f.h = h;
     if constexpr (T == TQFA_TQ3) {
         const float m = sub[(h >> (16 + 4 * t)) & 15u];
         f.mm = tq_mma_h2(m, m);
@@ -92,12 +117,12 @@ static __device__ __forceinline__ tq_mma_field<T> tq_mma_load_field(const uint32
     }
     return f;
 }
-// Byte offset of pair-table entry ((v >> sh) & MASK) for this lane's copy: one shift and one AND, the lane's
-// bank offset and the table base being added by the caller's pointer (an immediate in the shared load).
-template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut_off(uint32_t v, int sh) {
-    constexpr int L = T == TQFA_TQ3 ? 7 : 5;              // log2(entry stride in bytes) = log2(REP * 4)
-    constexpr uint32_t M = (T == TQFA_TQ3 ? 63u : 255u) << L;
-    return sh >= L ? (v >> (sh - L)) & M : (v << (L - sh)) & M;
+// Byte offset of pair-table entry ((v >> sh) & MASK) in this lane's copy: one shift and one LOP3 ((x & M) | lo,
+// the lane's copy offset lo sitting in the bits below the entry stride), the table base being the shared load's
+// uniform base, so a lookup is three instructions.
+template <int T, int L> static __device__ __forceinline__ uint32_t tq_mma_lut_off(uint32_t v, int sh, uint32_t lo) {
+    constexpr uint32_t M = (T == TQFA_TQ3 ? 63u : 255u) << L; // L: log2 of the entry stride in bytes
+    return ((sh >= L ? v >> (sh - L) : v << (L - sh)) & M) | lo;
 }
 template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut(const char * lutl, uint32_t off) {
     return *reinterpret_cast<const uint32_t *>(lutl + off);
@@ -105,18 +130,18 @@ template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut(const cha
 
 // Pairs 2j and 2j + 1 of the lane's 16 value pairs, as half2 (m * c[a], m * c[b]): tq3 coordinates
 // 32t + 4j + {0,1} and + {2,3}; tq4 (16t + 2j, 64 + 16t + 2j) and (16t + 2j + 1, 64 + 16t + 2j + 1).
-// lutl: the pair table plus this lane's copy offset.
-template <int T>
-static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f, int j, const char * lutl,
+// lut: the pair table; lo: this lane's copy offset in bytes.
+template <int T, int L>
+static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f, int j, const char * lut, uint32_t lo,
                                                       uint32_t & p0, uint32_t & p1) {
     if constexpr (T == TQFA_TQ3) {
         const uint32_t x = tq_mma_bits(f.w, 12 * j);
-        p0 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 0)), f.mm);
-        p1 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 6)), f.mm);
+        p0 = tq_mma_hmul2(tq_mma_lut<T>(lut, tq_mma_lut_off<T, L>(x, 0, lo)), f.mm);
+        p1 = tq_mma_hmul2(tq_mma_lut<T>(lut, tq_mma_lut_off<T, L>(x, 6, lo)), f.mm);
     } else {
         const uint32_t x = f.w[j >> 1];
-        p0 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 16 * (j & 1))), f.mm);
-        p1 = tq_mma_hmul2(tq_mma_lut<T>(lutl, tq_mma_lut_off<T>(x, 16 * (j & 1) + 8)), f.mm);
+        p0 = tq_mma_hmul2(tq_mma_lut<T>(lut, tq_mma_lut_off<T, L>(x, 16 * (j & 1), lo)), f.mm);
+        p1 = tq_mma_hmul2(tq_mma_lut<T>(lut, tq_mma_lut_off<T, L>(x, 16 * (j & 1) + 8, lo)), f.mm);
     }
 }
 // 4 three-bit groups (bits 0..11) spread to the low bits of 4 bytes.
@@ -132,13 +157,13 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     constexpr int KBW = tq_fa_block_words(TK), VBW = tq_fa_block_words(TV);
     constexpr int KW  = KBW * NB, VW = VBW * NB; // words per row
     constexpr int TILE_WORDS = TQ_MMA_KEYS * (KW + VW);
-    using LK = tq_mma_lut_t<TK>;
-    using LV = tq_mma_lut_t<TV>;
+    using LK = tq_mma_lut_t<TK, D>;
+    using LV = tq_mma_lut_t<TV, D>;
     constexpr bool SAME = TK == TV;
     constexpr int OUT_WORDS = 2 * 8 * D; // the cross-warp sum's two parked O^T
     constexpr int STAGE_WORDS = TQ_MMA_WARPS * TQ_MMA_STAGES * TILE_WORDS;
 
-    __shared__ __align__(16) uint32_t stage[STAGE_WORDS > OUT_WORDS ? STAGE_WORDS : OUT_WORDS];
+    __shared__ __align__(16) uint32_t stage[(STAGE_WORDS > OUT_WORDS ? STAGE_WORDS : OUT_WORDS) + 1]; // + 1: tq_mma_bits_rt
     __shared__ uint32_t lutk[LK::WORDS];
     __shared__ uint32_t lutv[SAME ? 1 : LV::WORDS];
     __shared__ float sub[16];
@@ -151,8 +176,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
 
     // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
     auto fill = [&](uint32_t * lut, int kind) {
-        using L3 = tq_mma_lut_t<TQFA_TQ3>;
-        using L4 = tq_mma_lut_t<TQFA_TQ4>;
+        using L3 = tq_mma_lut_t<TQFA_TQ3, D>;
+        using L4 = tq_mma_lut_t<TQFA_TQ4, D>;
         const int ent = kind == TQFA_TQ3 ? L3::ENTRIES : L4::ENTRIES, rep = kind == TQFA_TQ3 ? L3::REP : L4::REP;
         for (int i = tid; i < ent * rep; i += blockDim.x) {
             const int e = i / rep;
@@ -216,16 +241,24 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         __syncthreads(); // qs (the staging buffer) is reused below
     }
-    const char * lk = reinterpret_cast<const char *>(lutk + (lane & (LK::REP - 1)));
-    const char * lv = reinterpret_cast<const char *>((SAME ? lutk : lutv) + (lane & (LV::REP - 1)));
+    const char * lk = reinterpret_cast<const char *>(lutk);
+    const char * lv = reinterpret_cast<const char *>(SAME ? lutk : lutv);
+    // the lanes' copy offsets, opaque to the compiler: otherwise it re-derives them from the lane id inside every
+    // lookup and splits the (x & M) | lo into two LOP3s
+    const uint32_t lok = tq_mma_opaque(4u * (lane & (LK::REP - 1))), lov = tq_mma_opaque(4u * (lane & (LV::REP - 1)));
 
-    const int tok_g = grp * p.tpg + g / p.gqa;
-    const int head_g = kvh * p.gqa + g % p.gqa;
-    const bool ok_g = g < C && tok_g < p.n_q;
-    const half * mrow = p.mask && ok_g ? reinterpret_cast<const half *>(p.mask + tok_g * p.nb31 +
-                                                                         (head_g % p.ne32) * p.nb32 + (z % p.ne33) * p.nb33)
-                                       : nullptr;
-    const float slope = tq_fa_alibi(p, head_g);
+    // this lane's score columns 2t, 2t + 1 (query head x query row)
+    const half * mrow[2];
+    float slope[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const int col = 2 * t + c, tok = grp * p.tpg + col / p.gqa, head = kvh * p.gqa + col % p.gqa;
+        const bool ok = col < C && tok < p.n_q;
+        mrow[c] = p.mask && ok ? reinterpret_cast<const half *>(p.mask + tok * p.nb31 + (head % p.ne32) * p.nb32 +
+                                                                  (z % p.ne33) * p.nb33)
+                               : nullptr;
+        slope[c] = tq_fa_alibi(p, head);
+    }
 
     const char * Kb = p.K + kvh * p.nb12 + (z / p.rk3) * p.nb13;
     const char * Vb = p.V + kvh * p.nb22 + (z / p.rv3) * p.nb23;
@@ -235,18 +268,19 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
 
     uint32_t * wst = stage + warp * TQ_MMA_STAGES * TILE_WORDS;
     // Copy slots: word w = lane + 32 s of the tile's K rows then V rows (consecutive lanes, consecutive words:
-    // the fewest L1 wavefronts per instruction for 4-byte aligned rows). Offsets are fixed per lane.
+    // the fewest L1 wavefronts per instruction for 4-byte aligned rows). Offsets are fixed per lane and unsigned,
+    // so a copy is a 64-bit add and the cp.async; a full tile (all but a chunk's last) needs no bounds checks.
     constexpr int KS = (TQ_MMA_KEYS * KW + 31) / 32, VS = (TQ_MMA_KEYS * VW + 31) / 32;
-    int koff[KS], voff[VS];
+    uint32_t koff[KS], voff[VS];
 #pragma unroll
     for (int s2 = 0; s2 < KS; ++s2) {
-        const int w = lane + 32 * s2, r = w / KW;
-        koff[s2] = r * (int) p.nb11 + 4 * (w - r * KW);
+        const int w = lane + 32 * s2, r = min(w / KW, TQ_MMA_KEYS - 1);
+        koff[s2] = (uint32_t) (r * p.nb11 + 4 * (w - r * KW));
     }
 #pragma unroll
     for (int s2 = 0; s2 < VS; ++s2) {
-        const int w = lane + 32 * s2, r = w / VW;
-        voff[s2] = r * (int) p.nb21 + 4 * (w - r * VW);
+        const int w = lane + 32 * s2, r = min(w / VW, TQ_MMA_KEYS - 1);
+        voff[s2] = (uint32_t) (r * p.nb21 + 4 * (w - r * VW));
     }
     auto load_tile = [&](int it, int st) { // tile it of this warp into stage st
         const int t0 = k0 + (it * TQ_MMA_WARPS + warp) * TQ_MMA_KEYS;
@@ -255,22 +289,37 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         uint32_t * vs = ks + TQ_MMA_KEYS * KW;
         const char * kt = Kb + (int64_t) t0 * p.nb11;
         const char * vt = Vb + (int64_t) t0 * p.nb21;
+        if (nk == TQ_MMA_KEYS) { // warp-uniform
 #pragma unroll
-        for (int s2 = 0; s2 < KS; ++s2) {
-            if (lane + 32 * s2 < nk * KW) {
-                tq_mma_cp4(ks + lane + 32 * s2, kt + koff[s2]);
+            for (int s2 = 0; s2 < KS; ++s2) {
+                if (32 * s2 + 32 <= TQ_MMA_KEYS * KW || lane + 32 * s2 < TQ_MMA_KEYS * KW) {
+                    tq_mma_cp4(ks + lane + 32 * s2, kt + koff[s2]);
+                }
             }
-        }
 #pragma unroll
-        for (int s2 = 0; s2 < VS; ++s2) {
-            if (lane + 32 * s2 < nk * VW) {
-                tq_mma_cp4(vs + lane + 32 * s2, vt + voff[s2]);
+            for (int s2 = 0; s2 < VS; ++s2) {
+                if (32 * s2 + 32 <= TQ_MMA_KEYS * VW || lane + 32 * s2 < TQ_MMA_KEYS * VW) {
+                    tq_mma_cp4(vs + lane + 32 * s2, vt + voff[s2]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int s2 = 0; s2 < KS; ++s2) {
+                if (lane + 32 * s2 < nk * KW) {
+                    tq_mma_cp4(ks + lane + 32 * s2, kt + koff[s2]);
+                }
+            }
+#pragma unroll
+            for (int s2 = 0; s2 < VS; ++s2) {
+                if (lane + 32 * s2 < nk * VW) {
+                    tq_mma_cp4(vs + lane + 32 * s2, vt + voff[s2]);
+                }
             }
         }
         tq_mma_cp_commit();
     };
 
-    float M = -INFINITY, L = 0.0f; // row g of this warp
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}; // columns 2t, 2t + 1 (the same in all 8 lanes of a t)
     float oacc[NB][8][4]; // O^T m-tiles (2k + hh: see the V step), columns = the 8 rows of Q
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
@@ -296,80 +345,88 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             const uint32_t * ks = wst + (it % TQ_MMA_STAGES) * TILE_WORDS;
             const uint32_t * vs = ks + TQ_MMA_KEYS * KW;
 
-            // ---- S = Q K^T: two n8 halves of the tile, one accumulator per 128-value block
-            float sc[2][2];
+            // ---- S^T = K Q^T: A = the key tile (lane rows: keys g and g + 8, each one sub-block t as above), B = the
+            // rotated query (columns: the block's <= 8 query columns), so no zero padding rows are passed around and
+            // one mma covers all 16 keys. Lane scores: keys g + 8e, columns 2t + c.
+            float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
-            for (int nh = 0; nh < 2; ++nh) {
-                const uint32_t * krow = ks + (8 * nh + g) * KW;
-                float s2[2] = {0.0f, 0.0f};
+            for (int b = 0; b < NB; ++b) {
+                const tq_mma_field<TK> f0 = tq_mma_load_field<TK>(ks + g * KW + b * KBW, t, sub);
+                const tq_mma_field<TK> f1 = tq_mma_load_field<TK>(ks + (g + 8) * KW + b * KBW, t, sub);
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    const uint32_t * blk = krow + b * KBW;
-                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const tq_mma_field<TK> f = tq_mma_load_field<TK>(blk, t, sub);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        uint32_t b0, b1;
-                        tq_mma_decode2<TK>(f, j, lk, b0, b1);
-                        tq_mma_16816(acc, qa[b][j][0], 0u, qa[b][j][1], 0u, b0, b1);
-                    }
-                    // scales of the two keys whose scores this lane holds (keys 8nh + 2t, + 1)
-                    const float sa = tq_cu_bf16_to_fp32(ks[(8 * nh + 2 * t) * KW + b * KBW] & 0xffffu);
-                    const float sb = tq_cu_bf16_to_fp32(ks[(8 * nh + 2 * t + 1) * KW + b * KBW] & 0xffffu);
-                    s2[0] += sa * acc[0];
-                    s2[1] += sb * acc[1];
+                for (int j = 0; j < 8; ++j) {
+                    uint32_t a0, a1, a2, a3;
+                    tq_mma_decode2<TK, LK::LOG2_STRIDE>(f0, j, lk, lok, a0, a2);
+                    tq_mma_decode2<TK, LK::LOG2_STRIDE>(f1, j, lk, lok, a1, a3);
+                    tq_mma_16816(acc, a0, a1, a2, a3, qa[b][j][0], qa[b][j][1]);
                 }
+                const float s0 = tq_cu_bf16_to_fp32(f0.h & 0xffffu), s1 = tq_cu_bf16_to_fp32(f1.h & 0xffffu);
+                sc[0][0] += s0 * acc[0];
+                sc[0][1] += s0 * acc[1];
+                sc[1][0] += s1 * acc[2];
+                sc[1][1] += s1 * acc[3];
+            }
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int key = 8 * nh + 2 * t + i;
-                    float s = s2[i];
+            for (int e = 0; e < 2; ++e) {
+                const int key = g + 8 * e;
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float x = sc[e][c];
                     if (p.softcap != 0.0f) {
-                        s = p.softcap * tanhf(s);
+                        x = p.softcap * tanhf(x);
                     }
-                    if (mrow) {
-                        s += slope * __half2float(mrow[min(t0 + key, k1 - 1)]);
+                    if (mrow[c]) {
+                        x += slope[c] * __half2float(mrow[c][min(t0 + key, k1 - 1)]);
                     }
-                    sc[nh][i] = key < nk ? s : -INFINITY;
+                    sc[e][c] = key < nk ? x : -INFINITY;
                 }
             }
 
-            // ---- online softmax for row g (the 4 lanes of a quad share it)
-            float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(M, mx);
-            const float alpha = M == -INFINITY ? 0.0f : __expf(M - mn);
-            float pr[2][2];
+            // ---- online softmax per column (its 16 keys live in the 8 lanes of one t)
+            float pr[2][2], alpha[2];
 #pragma unroll
-            for (int nh = 0; nh < 2; ++nh) {
+            for (int c = 0; c < 2; ++c) {
+                float mx = fmaxf(sc[0][c], sc[1][c]);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float mn = fmaxf(M[c], mx);
+                alpha[c] = M[c] == -INFINITY ? 0.0f : __expf(M[c] - mn);
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    pr[nh][i] = sc[nh][i] == -INFINITY ? 0.0f : __expf(sc[nh][i] - mn);
+                for (int e = 0; e < 2; ++e) {
+                    pr[e][c] = sc[e][c] == -INFINITY ? 0.0f : __expf(sc[e][c] - mn);
                 }
+                L[c] = L[c] * alpha[c] + (pr[0][c] + pr[1][c]);
+                M[c] = mn;
             }
-            L = L * alpha + (pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]);
-            M = mn;
-            // O^T columns are the rows 2t, 2t + 1: their factors live in the quads of g = 2t, 2t + 1
-            const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
-            const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
-            if (__any_sync(0xffffffffu, alpha != 1.0f)) { // once the row maxima settle, most tiles skip this
+            // O^T's columns are 2t, 2t + 1: this lane's own factors
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) { // once the maxima settle, most tiles skip this
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        oacc[b][i][0] *= a0;
-                        oacc[b][i][1] *= a1;
-                        oacc[b][i][2] *= a0;
-                        oacc[b][i][3] *= a1;
+                        oacc[b][i][0] *= alpha[0];
+                        oacc[b][i][1] *= alpha[1];
+                        oacc[b][i][2] *= alpha[0];
+                        oacc[b][i][3] *= alpha[1];
                     }
                 }
+            }
+            // P^T for the V step's B: the lane holds P[2t + c][g + 8e]; two 8x8 transposes (one per e) give it
+            // P[g][2t + i] and P[g][2t + 8 + i], the K step's old accumulator layout.
+            float pk[4];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const half2 tr = tq_mma_trans(__floats2half2_rn(pr[e][0], pr[e][1]));
+                pk[2 * e]     = __low2float(tr);
+                pk[2 * e + 1] = __high2float(tr);
             }
 
             // ---- O^T += V^T P^T. B = P^T is the K step's accumulator with s * m of each key folded in (this
             // lane's keys are 2t, 2t + 1 from nh 0 and 2t + 8, 2t + 9 from nh 1); m-tile 2k + hh covers sub-block
             // k, rows g + 8e = coordinates 32k + 4g + 2hh + e, and A is pure codebook pairs across two keys.
             const int keys[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-            const float pk[4] = {pr[0][0], pr[0][1], pr[1][0], pr[1][1]};
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
                 uint32_t hv[4];
@@ -393,7 +450,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                         uint32_t f[4];
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {
-                            f[i] = tq_mma_bits(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
+                            f[i] = tq_mma_bits_rt(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
                         }
                         pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
                         pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
@@ -410,10 +467,10 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
                         const int s0 = 16 * hh, s1 = 16 * hh + 8;
-                        tq_mma_16816(oacc[b][2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s0)),
-                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pa, s1)),
-                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s0)),
-                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV>(pb, s1)), bf0, bf1);
+                        tq_mma_16816(oacc[b][2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pa, s0, lov)),
+                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pa, s1, lov)),
+                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pb, s0, lov)),
+                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pb, s1, lov)), bf0, bf1);
                     }
                 }
             }
@@ -422,12 +479,16 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
     tq_mma_cp_wait<0>();
 
-    // ---- merge the warps: row sums over the quad, then max / sum per column through shared memory
-    L += __shfl_xor_sync(0xffffffffu, L, 1);
-    L += __shfl_xor_sync(0xffffffffu, L, 2);
-    if (t == 0) {
-        red[0][warp][g] = M;
-        red[1][warp][g] = L;
+    // ---- merge the warps: column sums over the 8 lanes of a t, then max / sum per column through shared memory
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        L[c] += __shfl_xor_sync(0xffffffffu, L[c], 4);
+        L[c] += __shfl_xor_sync(0xffffffffu, L[c], 8);
+        L[c] += __shfl_xor_sync(0xffffffffu, L[c], 16);
+        if (g == 0) {
+            red[0][warp][2 * t + c] = M[c];
+            red[1][warp][2 * t + c] = L[c];
+        }
     }
     __syncthreads();
     float fw[2];
