@@ -97,3 +97,19 @@ def test_v3_validation_smoke(text: Path, tmp_path: Path) -> None:
     assert all(r["evictions"] > 0 for p in ("V1", "V3") for r in report["niah"][p])
     md = (tmp_path / "v3.md").read_text()
     assert "V3 90 %" in md and "| V3 |" in md
+
+
+@pytest.mark.e2e
+def test_niah_eviction_smoke(text: Path, tmp_path: Path) -> None:
+    """Needle set B in the given haystack, no eviction and V3 at 50 %: rounds confirmed from the logs, table written."""
+    out = tmp_path / "ne"
+    env = {"CTXS": "1024", "SETS": "B", "POLICIES": "none v3@50", "POSITIONS": "0.5", "OUT": str(out),
+           "EXTRA": "--triatt-warmup 256"}  # fmt: skip
+    proc = sh("niah_eviction.sh", env, str(text))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    none = json.loads((out / "1024_B_none" / "niah.json").read_text())["results"]
+    v3 = json.loads((out / "1024_B_v3_50" / "niah.json").read_text())["results"]
+    assert none[0]["evictions"] is None and none[0]["status"] in ("PASS", "PARTIAL_WORD", "PARTIAL_NUMBER", "FAIL")
+    assert (v3[0]["evictions"] or 0) > 0  # the round lines in the log
+    table = (out / "table.md").read_text()
+    assert "| 1024 | B | none |" in table and "| 1024 | B | v3 @ 50 % |" in table
