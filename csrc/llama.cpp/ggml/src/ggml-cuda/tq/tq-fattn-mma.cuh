@@ -153,6 +153,9 @@ static __device__ __forceinline__ uint32_t tq_mma_spread3(uint32_t x) {
 template <int D, int TK, int TV>
 __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCKS : 2) tq_fa_mma_kernel(const tq_fa_params p) {
     static_assert(tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV), "tensor-core path: TQ K and TQ V, 128-value blocks");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); // mma.sync m16n8k16 f16 and cp.async need sm_80: the host picks the SIMT kernel on older GPUs
+#else
     constexpr int NB  = D / 128;
     constexpr int KBW = tq_fa_block_words(TK), VBW = tq_fa_block_words(TV);
     constexpr int KW  = KBW * NB, VW = VBW * NB; // words per row
@@ -581,4 +584,5 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         p.ml[base + tid] = make_float2(m, l);
     }
+#endif // __CUDA_ARCH__ >= 800
 }

@@ -27,9 +27,14 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     p.part = part.get();
     p.ml   = ml.get();
     const dim3 grid(n_chunks, n_kvh * p.n_groups, n_seq);
-    if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) { // both sides TQ (128-value blocks): tensor cores
-        tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32, 0, stream>>>(p);
-    } else {
+    bool mma = false; // both sides TQ (128-value blocks) on sm_80 or newer: tensor cores
+    if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) {
+        if (ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc)) {
+            tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32, 0, stream>>>(p);
+            mma = true;
+        }
+    }
+    if (!mma) {
         tq_fa_decode_kernel<D, C, TK, TV><<<grid, TQ_FA_THREADS, 0, stream>>>(p);
     }
     CUDA_CHECK(cudaGetLastError());
