@@ -70,7 +70,7 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
     if (mma == 2) {
         return; // kernel alone, no merge
     }
-    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : 128><<<(p.n_cols_total + tq_fa_merge_cols(n_chunks) - 1) / tq_fa_merge_cols(n_chunks), 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
+    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : 128><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
                                                         p.n_cols_total, p.ncol, p.n_groups, n_kvh, p.tpg, p.gqa,
                                                         p.n_q, p.tab);
 }

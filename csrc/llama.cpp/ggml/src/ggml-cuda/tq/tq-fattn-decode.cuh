@@ -533,6 +533,9 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 static __host__ __device__ __forceinline__ int tq_fa_merge_cols(int n_chunks) { // columns per block
     return n_chunks <= 32 ? 4 : 1;
 }
+static inline unsigned tq_fa_merge_blocks(int n_cols_total, int n_chunks) { // the merge launch's grid
+    return (unsigned) ((n_cols_total + tq_fa_merge_cols(n_chunks) - 1) / tq_fa_merge_cols(n_chunks));
+}
 template <int D, int VROT>
 __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, const float2 * ml, const float * sinks,
                                                           char * dst, int64_t nb1, int64_t nb2, int64_t nb3,

@@ -35,7 +35,8 @@ template <int T, int D> struct tq_mma_lut_t {
     static constexpr int ENTRIES = T == TQFA_TQ3 ? 64 : 256; // (a, b) index pairs
     static constexpr int REP     = T == TQFA_TQ3 ? 32 : D == 128 ? 16 : 8;
     static constexpr int WORDS   = ENTRIES * REP;
-    static constexpr int LOG2_STRIDE = T == TQFA_TQ3 ? 7 : D == 128 ? 6 : 5; // log2(REP * 4 bytes)
+    static constexpr int LOG2_STRIDE = REP == 32 ? 7 : REP == 16 ? 6 : 5; // log2(REP * 4 bytes): the entry stride
+    static_assert(1 << LOG2_STRIDE == REP * 4, "a copy count the lookup's mask does not cover");
 };
 
 static __device__ __forceinline__ uint32_t tq_mma_h2(float lo, float hi) {

@@ -39,7 +39,7 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     }
     CUDA_CHECK(cudaGetLastError());
     const ggml_tensor * sinks = dst->src[4];
-    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : tq_fa_is_tq(TV) ? 128 : 0><<<(p.n_cols_total + tq_fa_merge_cols(n_chunks) - 1) / tq_fa_merge_cols(n_chunks), 128, 0, stream>>>(
+    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : tq_fa_is_tq(TV) ? 128 : 0><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, 0, stream>>>(
         p.part, p.ml, sinks ? (const float *) sinks->data : nullptr, (char *) dst->data, dst->nb[1], dst->nb[2],
         dst->nb[3], n_chunks, p.n_cols_total, C, p.n_groups, n_kvh, p.tpg, p.gqa, p.n_q, p.tab);
     CUDA_CHECK(cudaGetLastError());
