@@ -7,6 +7,8 @@
 //        bench/cuda/fa_decode_bench.cu tq_codec.o -o fa_decode_bench
 //   ./fa_decode_bench            correctness cases, then the perf cases; exit 1 on any mismatch
 //   ./fa_decode_bench perf [N]   the perf cases only (or only the N-th)
+//   ./fa_decode_bench short      decode at short KV (1 sequence, as llama-bench at depth 0): the host's chunking,
+//                                then one chunk (the tensor-core kernel's single pass), per KV length
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +27,7 @@ struct Case {
     bool mask;
     float softcap;
     bool perf;
+    int chunks = 0; // 0: the host's chunking; n: n chunks (1: the tensor-core kernel's single pass)
 };
 
 static const char * kname(int k) {
@@ -54,8 +57,14 @@ template <int D, int TK, int TV>
 static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq, const float * sinks, float * dst,
                    int64_t nb1, int64_t nb2, int64_t nb3) {
     const dim3 grid(n_chunks, n_kvh * p.n_groups, n_seq);
+    p.dst = nullptr;
     if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) {
         if (mma) {
+            if (n_chunks == 1) { // single pass, as the host runs it
+                p.dst = (char *) dst;
+                p.dnb1 = nb1; p.dnb2 = nb2; p.dnb3 = nb3;
+                p.sinks = sinks;
+            }
             tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32>>>(p);
         }
     }
@@ -67,8 +76,8 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
             default: tq_fa_decode_kernel<D, 8, TK, TV><<<grid, TQ_FA_THREADS>>>(p); break;
         }
     }
-    if (mma == 2) {
-        return; // kernel alone, no merge
+    if (mma == 2 || p.dst != nullptr) {
+        return; // kernel alone, no merge (or the single pass: no merge to run)
     }
     tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : 128><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
                                                         p.n_cols_total, p.ncol, p.n_groups, n_kvh, p.tpg, p.gqa,
@@ -169,7 +178,7 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
     p.n_cols_total = cs.n_seq * cs.n_kvh * p.n_groups * p.ncol;
     const int base = cs.n_kvh * p.n_groups * cs.n_seq;
     const int tiles = std::max(1, (cs.n_kv + TQ_FA_TILE - 1) / TQ_FA_TILE);
-    const int want = std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
+    const int want = cs.chunks > 0 ? std::min(tiles, cs.chunks) : tq_fa_want_chunks(tiles, base, nsm, true);
     p.chunk_keys = TQ_FA_TILE * ((tiles + want - 1) / want);
     const int n_chunks = std::max(1, (cs.n_kv + p.chunk_keys - 1) / p.chunk_keys);
     CK(cudaMalloc(&p.part, sizeof(float) * (size_t) n_chunks * p.n_cols_total * D));
@@ -340,7 +349,7 @@ static double copy_bandwidth() { // device-to-device copy of 1 GiB: read + write
 }
 
 int main(int argc, char ** argv) {
-    const bool perf_only = argc > 1 && strcmp(argv[1], "perf") == 0;
+    const bool perf_only = argc > 1 && (strcmp(argv[1], "perf") == 0 || strcmp(argv[1], "short") == 0);
     int nsm;
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
     const double gbs = copy_bandwidth();
@@ -356,6 +365,10 @@ int main(int argc, char ** argv) {
                 ok &= run_case({D, 4096, 1, 8, 1, 1, k[0], k[1], true, 0.0f, false}, nsm, rng, gbs);
                 ok &= run_case({D, 777, 2, 4, 2, 1, k[0], k[1], true, 30.0f, false}, nsm, rng, gbs);
                 ok &= run_case({D, 2000, 1, 2, 8, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
+                // one chunk: the tensor-core kernel's single pass (normalizes, un-rotates and writes dst itself)
+                ok &= run_case({D, 1000, 2, 1, 3, 2, k[0], k[1], true, 0.0f, false, 1}, nsm, rng, gbs);
+                ok &= run_case({D, 777, 2, 4, 2, 1, k[0], k[1], true, 30.0f, false, 1}, nsm, rng, gbs);
+                ok &= run_case({D, 300, 1, 2, 8, 1, k[0], k[1], false, 0.0f, false, 1}, nsm, rng, gbs);
             }
         }
     }
@@ -369,6 +382,17 @@ int main(int argc, char ** argv) {
             ok &= run_case({64, 777, 2, 4, 2, 1, k[0], k[1], true, 30.0f, false}, nsm, rng, gbs);
             ok &= run_case({64, 2000, 1, 2, 8, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
         }
+    }
+    if (argc > 1 && strcmp(argv[1], "short") == 0) { // decode at short KV (llama-bench tg at depth 0): chunks vs single pass
+        for (auto & k : kinds) {
+            for (int kv : {256, 512, 1024, 2048}) {
+                for (int ch : {0, 1}) {
+                    ok &= run_case(Case{128, kv, 4, 4, 1, 1, k[0], k[1], true, 0.0f, true, ch}, nsm, rng, gbs);
+                }
+            }
+        }
+        printf("%s\n", ok ? "all cases match the C codec reference" : "MISMATCH");
+        return ok ? 0 : 1;
     }
     const int only = argc > 2 ? atoi(argv[2]) : -1; // perf N: only the N-th perf case (for profilers)
     int n = 0;

@@ -56,16 +56,14 @@ static __device__ __forceinline__ int64_t tq_rows_id(const char * ids, const tq_
     return (int64_t) *reinterpret_cast<const idx_t *>(ids + p.i1 * sh.i0 + (p.i2 % sh.ine1) * sh.i1 + (p.i3 % sh.ine2) * sh.i2);
 }
 
+// Block g of a rows job: every thread of the CTA calls it (the quantizer synchronizes the CTA); the tables are in
+// shared memory (t) but not yet synchronized.
 template <int BITS, int N, typename src_t, typename idx_t>
-static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
-                                                               const tq_rows_shape sh,
-                                                               const __grid_constant__ tq_cu_tables tab) {
-    __shared__ tq_cu_tables t;
-    __shared__ tq_cu_qscratch sm;
-    const int tid = threadIdx.x;
-    tq_cu_tables_load<N>(t, tab, tid);
+static __device__ __forceinline__ void tq_quantize_rows_block(const tq_cu_tables & t, tq_cu_qscratch & sm,
+                                                              const char * src, const char * ids, char * dst,
+                                                              const tq_rows_shape & sh, int64_t g, int tid) {
     tq_rows_pos p;
-    if (!tq_rows_locate(sh, blockIdx.x, p)) {
+    if (!tq_rows_locate(sh, g, p)) {
         return; // uniform over the CTA
     }
     const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
@@ -77,6 +75,38 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src,
         tq_cu_quantize_block<BITS>(t, v, out, sm, tid);
     } else {
         tq_cu_quantize_block64<BITS>(t, v, out, sm, tid);
+    }
+}
+
+template <int BITS, int N, typename src_t, typename idx_t>
+static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src, const char * ids, char * dst,
+                                                               const tq_rows_shape sh,
+                                                               const __grid_constant__ tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    __shared__ tq_cu_qscratch sm;
+    tq_cu_tables_load<N>(t, tab, threadIdx.x);
+    tq_quantize_rows_block<BITS, N, src_t, idx_t>(t, sm, src, ids, dst, sh, blockIdx.x, threadIdx.x);
+}
+
+// A layer's K and V writes in one launch (ggml_cuda_tq_try_fuse): blocks [0, n0) quantize job 0 (bits B0), the
+// others job 1 (bits B1). A decode step's write is a few blocks, so each launch costs one block's latency.
+struct tq_rows_job {
+    const char * src;
+    const char * ids;
+    char * dst;
+    tq_rows_shape sh;
+    int64_t n; // blocks
+};
+template <int B0, int B1, int N, typename idx_t>
+static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const tq_rows_job j0, const tq_rows_job j1,
+                                                                const __grid_constant__ tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    __shared__ tq_cu_qscratch sm;
+    tq_cu_tables_load<N>(t, tab, threadIdx.x);
+    if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
+        tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x);
+    } else {
+        tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x);
     }
 }
 
@@ -332,6 +362,85 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
     }
 }
 
+static bool tq_is_noop(const ggml_tensor * t) {
+    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_RESHAPE || t->op == GGML_OP_VIEW ||
+           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
+}
+
+static bool tq_overlap(const ggml_tensor * a, const ggml_tensor * b) { // byte ranges of two tensors' data
+    const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
+    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
+}
+
+static tq_rows_job tq_job_of(const ggml_tensor * dst) {
+    const ggml_tensor * a = dst->src[0], * b = dst->src[1];
+    tq_rows_job j;
+    j.sh = tq_shape_of(a, dst, a->ne[0] / tq_block_n_of(dst->type));
+    j.sh.i0 = b->nb[0]; j.sh.i1 = b->nb[1]; j.sh.i2 = b->nb[2];
+    j.sh.ine1 = b->ne[1]; j.sh.ine2 = b->ne[2];
+    j.src = (const char *) a->data;
+    j.ids = (const char *) b->data;
+    j.dst = (char *) dst->data;
+    j.n = j.sh.nblk * j.sh.ne1 * j.sh.ne2 * j.sh.ne3;
+    return j;
+}
+
+template <int N>
+static void tq_quantize_rows2(int b0, int b1, const tq_rows_job & j0, const tq_rows_job & j1, cudaStream_t stream) {
+    const dim3 grid((unsigned) (j0.n + j1.n));
+    const tq_cu_tables & tab = tq_tables();
+    if (b0 == 3 && b1 == 3) {
+        k_tq_quantize_rows2<3, 3, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+    } else if (b0 == 3) {
+        k_tq_quantize_rows2<3, 4, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+    } else if (b1 == 3) {
+        k_tq_quantize_rows2<4, 3, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+    } else {
+        k_tq_quantize_rows2<4, 4, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
+    auto is_write = [](const ggml_tensor * t) {
+        return t->op == GGML_OP_SET_ROWS && ggml_cuda_tq_is_tq(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
+               t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
+    };
+    const ggml_tensor * k = cgraph->nodes[i];
+    if (!is_write(k) || !ctx.stream_context().concurrent_events.empty()) {
+        return 0; // (graph optimization's concurrent streams may put the two nodes on different streams)
+    }
+    int j = i + 1;
+    while (j < cgraph->n_nodes && j <= i + 4 && tq_is_noop(cgraph->nodes[j])) {
+        ++j;
+    }
+    if (j >= cgraph->n_nodes || j > i + 4) {
+        return 0;
+    }
+    const ggml_tensor * v = cgraph->nodes[j];
+    if (!is_write(v) || tq_block_n_of(v->type) != tq_block_n_of(k->type)) {
+        return 0;
+    }
+    // run side by side: neither may write what the other reads or writes
+    if (tq_overlap(k, v) || tq_overlap(k, v->src[0]) || tq_overlap(k, v->src[1]) || tq_overlap(v, k->src[0]) ||
+        tq_overlap(v, k->src[1])) {
+        return 0;
+    }
+    const tq_rows_job j0 = tq_job_of(k), j1 = tq_job_of(v);
+    if (j0.n == 0 || j1.n == 0) {
+        return 0;
+    }
+    const int b0 = k->type == GGML_TYPE_TQ3 || k->type == GGML_TYPE_TQ3_64 ? 3 : 4;
+    const int b1 = v->type == GGML_TYPE_TQ3 || v->type == GGML_TYPE_TQ3_64 ? 3 : 4;
+    if (tq_block_n_of(k->type) == TQ_BLOCK) {
+        tq_quantize_rows2<TQ_BLOCK>(b0, b1, j0, j1, ctx.stream());
+    } else {
+        tq_quantize_rows2<TQ_BLOCK_64>(b0, b1, j0, j1, ctx.stream());
+    }
+    return j - i;
+}
+
 bool ggml_cuda_tq_mul_mat(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_mul_mat_fn mul_mat) {
     const ggml_tensor * a = dst->src[0];
     if (!ggml_cuda_tq_is_tq(a->type)) {
@@ -412,7 +521,7 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
 }
 
 void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, tq_fa_params & p, int & C,
-                       int & n_chunks, int & n_kvh, int & n_seq) {
+                       int & n_chunks, int & n_kvh, int & n_seq, bool mma) {
     const ggml_tensor * Q = dst->src[0];
     const ggml_tensor * K = dst->src[1];
     const ggml_tensor * V = dst->src[2];
@@ -466,11 +575,10 @@ void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst,
     n_seq = (int) Q->ne[3];
     p.n_cols_total = n_seq * n_kvh * p.n_groups * C;
 
-    // enough chunks for ~4 blocks per SM, each a whole number of tiles
     const int nsm    = ggml_cuda_info().devices[ctx.device].nsm;
     const int base   = n_kvh * p.n_groups * n_seq;
     const int tiles  = std::max(1, (p.n_kv + TQ_FA_TILE - 1) / TQ_FA_TILE);
-    const int want   = std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
+    const int want   = tq_fa_want_chunks(tiles, base, nsm, mma);
     p.chunk_keys = TQ_FA_TILE * ((tiles + want - 1) / want);
     n_chunks = std::max(1, (p.n_kv + p.chunk_keys - 1) / p.chunk_keys);
 }

@@ -15,6 +15,8 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "tq-cuda-codec.cuh"
 
 enum tq_fa_kind { TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3, TQFA_TQ3_64 = 4, TQFA_TQ4_64 = 5 };
@@ -35,6 +37,9 @@ static __host__ __device__ constexpr int tq_fa_slice(int tk, int tv) { return tq
 #define TQ_FA_THREADS 128
 #define TQ_FA_TILE    128
 #define TQ_FA_MAX_COLS 8
+#ifndef TQ_FA_SINGLE_TILES
+#define TQ_FA_SINGLE_TILES 2 // the tensor-core kernel runs KV of at most this many tiles in one chunk (measured: NOTES.md)
+#endif
 
 struct tq_fa_params {
     const char * Q;
@@ -51,10 +56,25 @@ struct tq_fa_params {
     int n_kv, n_q, gqa, n_head, rk3, rv3;
     int chunk_keys, n_groups, tpg, n_cols_total;
     int ncol; // columns per block in the partial-output layout (the decode kernels' C: 1, 2, 4 or 8)
+    // single pass (the tensor-core kernel with one chunk): it writes dst itself, no partials, no merge launch;
+    // nullptr otherwise
+    char * dst;
+    int64_t dnb1, dnb2, dnb3;
+    const float * sinks;
     float scale, softcap, m0, m1, max_bias;
     int n_head_log2;
     tq_cu_tables tab;
 };
+
+// Chunks per (sequence, KV head, column group): enough for ~4 blocks per SM, each a whole number of tiles; with the
+// tensor-core kernel, one (its single pass: no partials, no merge launch) when the KV is short, where a block's time
+// is its prologue and a few tiles and the merge launch costs more than the parallelism saves.
+static inline int tq_fa_want_chunks(int tiles, int base, int nsm, bool mma) {
+    if (mma && tiles <= TQ_FA_SINGLE_TILES) {
+        return 1;
+    }
+    return std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
+}
 
 static __device__ __forceinline__ float tq_fa_warp_max(float v) {
 #pragma unroll
@@ -525,6 +545,38 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     }
 }
 
+// A finished output row (a warp; o[r] is d = lane + 32 r, normalized): un-rotates a TQ V result once (VROT: the
+// rotation size, 128 or 64; 0 for none) and writes it.
+template <int D, int VROT>
+static __device__ __forceinline__ void tq_fa_out_row(float (&o)[D / 32], int lane, const tq_cu_tables & tab,
+                                                     float * drow) {
+    if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice: o[2 s + r] is d = 64 s + lane + 32 r
+#pragma unroll
+        for (int sl = 0; sl < D / 64; ++sl) {
+            float * v = o + 2 * sl;
+            tq_cu_fwht_warp64(v, lane);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                v[r] *= TQ_WHT_NORM_64 * tq_cu_sign64(tab, lane + 32 * r);
+            }
+        }
+    } else if constexpr (VROT == 128) { // x = D H y / sqrt(128) per 128 slice: o[4 s + r] is d = 128 s + lane + 32 r
+#pragma unroll
+        for (int sl = 0; sl < D / 128; ++sl) {
+            float * v = o + 4 * sl;
+            tq_cu_fwht_warp(v, lane);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                v[r] *= TQ_WHT_NORM * tq_cu_sign(tab, lane + 32 * r);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < D / 32; ++r) {
+        drow[lane + 32 * r] = o[r];
+    }
+}
+
 // Merges the chunks of a column, un-rotates a TQ V result once (VROT: the rotation size, 128 or 64; 0 for none),
 // writes dst (f32 [DV, n_head, n_q, n_seq]). 128-thread blocks; with few chunks a warp per column (4 columns a
 // block, no barrier), with many (one sequence's decode: ~128) the 4 warps of a block share a column's chunks and
@@ -612,31 +664,6 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
     for (int r = 0; r < R; ++r) {
         o[r] *= inv;
     }
-    if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice: o[2 s + r] is d = 64 s + lane + 32 r
-#pragma unroll
-        for (int sl = 0; sl < D / 64; ++sl) {
-            float * v = o + 2 * sl;
-            tq_cu_fwht_warp64(v, lane);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                v[r] *= TQ_WHT_NORM_64 * tq_cu_sign64(tab, lane + 32 * r);
-            }
-        }
-    } else if constexpr (VROT == 128) { // x = D H y / sqrt(128) per 128 slice: o[4 s + r] is d = 128 s + lane + 32 r
-#pragma unroll
-        for (int sl = 0; sl < D / 128; ++sl) {
-            float * v = o + 4 * sl;
-            tq_cu_fwht_warp(v, lane);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                v[r] *= TQ_WHT_NORM * tq_cu_sign(tab, lane + 32 * r);
-            }
-        }
-    }
-    float * drow = reinterpret_cast<float *>(dst + head * nb1 + tok * nb2 + z * nb3);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        drow[lane + 32 * r] = o[r];
-    }
+    tq_fa_out_row<D, VROT>(o, lane, tab, reinterpret_cast<float *>(dst + head * nb1 + tok * nb2 + z * nb3));
 }
 

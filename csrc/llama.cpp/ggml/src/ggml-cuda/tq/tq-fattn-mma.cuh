@@ -43,6 +43,22 @@ static __device__ __forceinline__ uint32_t tq_mma_h2(float lo, float hi) {
     const half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&h);
 }
+
+// Fills a pair table (entry e = a | b << bits holds half2(c[a], c[b]), REP copies side by side) with the block's
+// threads; a compile-time trip count, so the loop is unrolled and the table's loads overlap (short KV: the prologue
+// is much of a block's time; tq4's 4096 words took ~1 us less, NOTES.md v5).
+template <int T, int D>
+static __device__ __forceinline__ void tq_mma_fill_lut(uint32_t * lut, const tq_cu_tables & tab, int tid) {
+    using L = tq_mma_lut_t<T, D>;
+    constexpr int NT = TQ_MMA_WARPS * 32;
+    static_assert(L::WORDS % NT == 0, "whole passes over the block");
+#pragma unroll 8
+    for (int j = 0; j < L::WORDS / NT; ++j) {
+        const int e = (tid + NT * j) / L::REP;
+        lut[tid + NT * j] = T == TQFA_TQ3 ? tq_mma_h2(tab.cent3[e & 7], tab.cent3[e >> 3])
+                                          : tq_mma_h2(tab.cent4[e & 15], tab.cent4[e >> 4]);
+    }
+}
 static __device__ __forceinline__ uint32_t tq_mma_hmul2(uint32_t a, uint32_t b) {
     half2 r = __hmul2(*reinterpret_cast<const half2 *>(&a), *reinterpret_cast<const half2 *>(&b));
     return *reinterpret_cast<const uint32_t *>(&r);
@@ -172,6 +188,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     __shared__ uint32_t lutv[SAME ? 1 : LV::WORDS];
     __shared__ float sub[16];
     __shared__ float red[2][TQ_MMA_WARPS][8];
+    __shared__ float fac[8]; // single pass: each column's output factor
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -179,19 +196,9 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const int C = p.tpg * p.gqa; // valid columns (<= 8)
 
     // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
-    auto fill = [&](uint32_t * lut, int kind) {
-        using L3 = tq_mma_lut_t<TQFA_TQ3, D>;
-        using L4 = tq_mma_lut_t<TQFA_TQ4, D>;
-        const int ent = kind == TQFA_TQ3 ? L3::ENTRIES : L4::ENTRIES, rep = kind == TQFA_TQ3 ? L3::REP : L4::REP;
-        for (int i = tid; i < ent * rep; i += blockDim.x) {
-            const int e = i / rep;
-            lut[i] = kind == TQFA_TQ3 ? tq_mma_h2(p.tab.cent3[e & 7], p.tab.cent3[e >> 3])
-                                      : tq_mma_h2(p.tab.cent4[e & 15], p.tab.cent4[e >> 4]);
-        }
-    };
-    fill(lutk, TK);
+    tq_mma_fill_lut<TK, D>(lutk, p.tab, tid);
     if constexpr (!SAME) {
-        fill(lutv, TV);
+        tq_mma_fill_lut<TV, D>(lutv, p.tab, tid);
     }
     if (tid < 16) {
         sub[tid] = p.tab.sub[tid];
@@ -555,6 +562,53 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             }
         }
         __syncthreads();
+    }
+    if (p.dst != nullptr) { // single pass: the merge's work for one chunk, here (no partials, no merge launch)
+        if (warp == 0) { // O^T to slot 0, column c at c * D (every reader of the slots passed the barrier above)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        xb_at(0, b, i, r >> 1, r & 1) = oacc[b][i][r];
+                    }
+                }
+            }
+        }
+        if (tid < 8) { // column tid: 1 / l, with the sink's term as the merge adds it
+            float m = -INFINITY, l = 0.0f;
+#pragma unroll
+            for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+                m = fmaxf(m, red[0][w][tid]);
+            }
+#pragma unroll
+            for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+                l += red[0][w][tid] == -INFINITY ? 0.0f : red[1][w][tid] * __expf(red[0][w][tid] - m);
+            }
+            float f = m == -INFINITY ? 0.0f : 1.0f;
+            if (p.sinks != nullptr) {
+                const float sk = p.sinks[kvh * p.gqa + tid % p.gqa], mx = fmaxf(m, sk);
+                f = m == -INFINITY ? 0.0f : __expf(m - mx);
+                l = l * f + __expf(sk - mx);
+            }
+            fac[tid] = l > 0.0f ? f / l : 0.0f;
+        }
+        __syncthreads();
+        for (int c = warp; c < C; c += TQ_MMA_WARPS) { // a warp per output row
+            const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
+            if (tk >= p.n_q) {
+                continue;
+            }
+            float o[D / 32];
+#pragma unroll
+            for (int r = 0; r < D / 32; ++r) {
+                o[r] = xb[c * D + lane + 32 * r] * fac[c];
+            }
+            tq_fa_out_row<D, 128>(o, lane, p.tab,
+                                  reinterpret_cast<float *>(p.dst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
+        }
+        return;
     }
     const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * p.ncol;
     const int64_t base = (int64_t) blockIdx.x * p.n_cols_total + col0;

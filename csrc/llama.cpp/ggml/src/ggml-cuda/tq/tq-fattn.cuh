@@ -27,9 +27,15 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     p.part = part.get();
     p.ml   = ml.get();
     const dim3 grid(n_chunks, n_kvh * p.n_groups, n_seq);
+    const ggml_tensor * sinks = dst->src[4];
     bool mma = false; // both sides TQ (128-value blocks) on sm_80 or newer: tensor cores
     if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) {
         if (ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc)) {
+            if (n_chunks == 1) { // single pass: the kernel writes dst
+                p.dst = (char *) dst->data;
+                p.dnb1 = dst->nb[1]; p.dnb2 = dst->nb[2]; p.dnb3 = dst->nb[3];
+                p.sinks = sinks ? (const float *) sinks->data : nullptr;
+            }
             tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32, 0, stream>>>(p);
             mma = true;
         }
@@ -38,21 +44,26 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
         tq_fa_decode_kernel<D, C, TK, TV><<<grid, TQ_FA_THREADS, 0, stream>>>(p);
     }
     CUDA_CHECK(cudaGetLastError());
-    const ggml_tensor * sinks = dst->src[4];
+    if (p.dst != nullptr) {
+        return;
+    }
     tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : tq_fa_is_tq(TV) ? 128 : 0><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, 0, stream>>>(
         p.part, p.ml, sinks ? (const float *) sinks->data : nullptr, (char *) dst->data, dst->nb[1], dst->nb[2],
         dst->nb[3], n_chunks, p.n_cols_total, C, p.n_groups, n_kvh, p.tpg, p.gqa, p.n_q, p.tab);
     CUDA_CHECK(cudaGetLastError());
 }
 
+// mma: the tensor-core kernel will run (it has a single-pass path for short KV)
 void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, tq_fa_params & p, int & C,
-                       int & n_chunks, int & n_kvh, int & n_seq);
+                       int & n_chunks, int & n_kvh, int & n_seq, bool mma);
 
 template <int D, int TK, int TV>
 static void tq_fa_run_dv(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     tq_fa_params p;
     int C, n_chunks, n_kvh, n_seq;
-    tq_fa_fill_params(ctx, dst, p, C, n_chunks, n_kvh, n_seq);
+    const bool mma = tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV) &&
+                     ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
+    tq_fa_fill_params(ctx, dst, p, C, n_chunks, n_kvh, n_seq, mma);
     switch (C) {
         case 1: tq_fa_launch<D, 1, TK, TV>(ctx, dst, p, n_chunks, n_kvh, n_seq); break;
         case 2: tq_fa_launch<D, 2, TK, TV>(ctx, dst, p, n_chunks, n_kvh, n_seq); break;
