@@ -98,9 +98,13 @@ def test_seen_fraction_from_round_lines() -> None:
 
 
 def test_eviction_configs_name_every_run() -> None:
-    cfgs = evict.configs([KvConfig.parse("q8_0/tq3")], 2048, (25, 50), {"V3": 2, "random": 4}, 256, 64)
+    cfgs = evict.configs([KvConfig.parse("q8_0/tq3")], 2048, (25, 50), {"V3": {"HYBRID": 2}, "random": {"HYBRID": 4}},
+                         256, 64)  # fmt: skip
     assert [c.name for c in cfgs] == ["q8_0/tq3", "q8_0/tq3 V3 25%", "q8_0/tq3 random 25%", "q8_0/tq3 V3 50%",
                                       "q8_0/tq3 random 50%"]  # fmt: skip
     assert dict(cfgs[2].env) == {"TRIATT_BUDGET": "512", "TRIATT_HYBRID": "4", "TRIATT_WARMUP": "256",
                                  "TRIATT_DIVIDE": "64"}  # fmt: skip
     assert cfgs[2].slug == "q8_0_tq3_random_25pct"
+    (nopool,) = evict.configs([KvConfig.parse("f16/f16")], 1024, (50,), {"V3-nopool": evict.POLICIES["V3-nopool"]},
+                              256, 64)[1:]  # fmt: skip
+    assert dict(nopool.env)["TRIATT_POOL"] == "0" and dict(nopool.env)["TRIATT_HYBRID"] == "2"

@@ -11,9 +11,21 @@ from llama_tq import _triatt as tri
 pytestmark = pytest.mark.unit
 
 
+def ref_pool(pos: np.ndarray, score: np.ndarray, r: int) -> np.ndarray:
+    """Each cell's best score within r positions (NaN ignored unless all are NaN)."""
+    near = np.abs(pos[:, None].astype(np.int64) - pos[None, :]) <= r
+    vals = np.where(near, score[None, :], np.nan)
+    with np.errstate(all="ignore"):
+        out = np.nanmax(np.where(np.isnan(vals), -np.inf, vals), axis=1)
+    out[~(near & ~np.isnan(score)[None, :]).any(axis=1)] = np.nan
+    return out.astype(np.float32)
+
+
 def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, prefix: int, window: int,
-               segments: int) -> np.ndarray:  # fmt: skip
+               segments: int, pool: int = 0) -> np.ndarray:  # fmt: skip
     n = len(pos)
+    if pool > 0 and hybrid <= 2:
+        score = ref_pool(pos, score, pool)
     keep = np.zeros(n, bool)
     if n <= budget:
         return ~keep
@@ -50,9 +62,10 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     return keep
 
 
+@pytest.mark.parametrize("pool", [0, 1, 4])
 @pytest.mark.parametrize("hybrid", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("seed", range(6))
-def test_select_matches_reference(hybrid: int, seed: int) -> None:
+def test_select_matches_reference(hybrid: int, seed: int, pool: int) -> None:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(300, 3000))
     pos = rng.permutation(n + 50)[:n].astype(np.int32)  # distinct, unordered, with holes (earlier evictions)
@@ -60,8 +73,9 @@ def test_select_matches_reference(hybrid: int, seed: int) -> None:
     score[rng.integers(0, n, 20)] = 0.5  # ties
     budget = int(rng.integers(300, n)) if n > 300 else 299
     segments = int(rng.integers(1, 12))
-    got = tri.select(pos, score, budget=budget, hybrid=hybrid, prefix=64, window=100, segments=segments)
-    want = ref_select(pos, score, budget, hybrid, 64, 100, segments)
+    score[rng.integers(0, n, 5)] = np.nan
+    got = tri.select(pos, score, budget=budget, hybrid=hybrid, prefix=64, window=100, segments=segments, pool=pool)
+    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool)
     assert np.array_equal(got, want)
     assert got.sum() == min(n, budget)
 
@@ -100,6 +114,25 @@ def test_select_invariants() -> None:
     assert (abs(mid - 744 / (n - 256)) < 0.1).all(), mid
 
 
+def test_pool_keeps_spans_whole() -> None:
+    """A span with one high-scoring token (a fact: a name and its number) is kept whole with pooling, in pieces
+    without it; the baselines ignore pooling."""
+    n = 2000
+    pos = np.arange(n, dtype=np.int32)
+    score = np.random.default_rng(3).normal(size=n).astype(np.float32)
+    span = np.arange(700, 713)  # 13 tokens around a peak at 706
+    score[span] = -5.0
+    score[706] = 50.0
+    for hybrid in (0, 2):
+        plain = tri.select(pos, score, budget=600, hybrid=hybrid, window=128)
+        pooled = tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=6)
+        assert plain[706] and not plain[span].all()
+        assert pooled[span].all() and pooled.sum() == plain.sum() == 600
+    for hybrid in (3, 4):
+        assert np.array_equal(tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=6),
+                              tri.select(pos, score, budget=600, hybrid=hybrid, window=128))  # fmt: skip
+
+
 def test_select_small_and_nan() -> None:
     pos = np.arange(10, dtype=np.int32)
     assert tri.select(pos, np.zeros(10), budget=300).all()  # under budget: nothing evicted
@@ -118,6 +151,7 @@ def test_select_small_and_nan() -> None:
         ({"budget": 256, "hybrid": 3}, "must exceed the protected cells: window 128 \\+ prefix = 256"),
         ({"budget": 1000, "window": -1}, "--triatt-window must not be negative"),
         ({"budget": 1000, "segments": 0}, "--triatt-segments must be at least 1"),
+        ({"budget": 1000, "pool": -2}, "--triatt-pool must not be negative"),
         ({"budget": -5}, "--triatt-budget must not be negative"),
     ],
 )

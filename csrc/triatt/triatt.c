@@ -15,6 +15,7 @@ void triatt_config_default(triatt_config *c) {
     c->divide = 128;
     c->warmup = 1024;
     c->boundary_skip = 0;
+    c->pool = 0;
 }
 
 const char *triatt_policy_name(int32_t hybrid) {
@@ -32,7 +33,8 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
         const char *name;
         int32_t v;
     } f[] = {{"budget", c->budget}, {"prefix", c->prefix},   {"window", c->window},
-             {"divide", c->divide}, {"warmup", c->warmup}, {"boundary-skip", c->boundary_skip}};
+             {"divide", c->divide}, {"warmup", c->warmup}, {"boundary-skip", c->boundary_skip},
+             {"pool", c->pool}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; ++i) {
         if (f[i].v < 0) {
             snprintf(msg, msg_size, "--triatt-%s must not be negative (got %d)", f[i].name, f[i].v);
@@ -89,6 +91,32 @@ static int by_score(const void *a, const void *b) {
     return (g_sel.pos[ia] > g_sel.pos[ib]) - (g_sel.pos[ia] < g_sel.pos[ib]);
 }
 
+/* out[i] = the highest score among the cells within r positions of cell i (NaN only where all of them are NaN). */
+static int pool_scores(int32_t n, const int32_t *pos, const float *score, int32_t r, float *out) {
+    int32_t *ord = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (ord == NULL) {
+        return -1;
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        ord[i] = i;
+    }
+    g_sel.pos = pos;
+    qsort(ord, (size_t)n, sizeof *ord, by_pos);
+    for (int32_t k = 0; k < n; ++k) {
+        const int64_t p = pos[ord[k]];
+        float m = score[ord[k]];
+        for (int32_t j = k - 1; j >= 0 && p - pos[ord[j]] <= r; --j) {
+            m = fmaxf(m, score[ord[j]]);
+        }
+        for (int32_t j = k + 1; j < n && (int64_t)pos[ord[j]] - p <= r; ++j) {
+            m = fmaxf(m, score[ord[j]]);
+        }
+        out[ord[k]] = m;
+    }
+    free(ord);
+    return 0;
+}
+
 int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, const float *score, uint8_t *keep) {
     char msg[160];
     if (n < 0 || triatt_config_check(c, msg, sizeof msg) != 0) {
@@ -138,8 +166,17 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
             rank[i] = c->hybrid == 3 ? (float)pos[i] : (float)(z >> 40);
         }
     }
+    float *pooled = NULL; /* V1-V3 with pool > 0: the neighbourhood's best score in place of the cell's own */
+    if (!rank && c->pool > 0) {
+        pooled = malloc(sizeof(float) * (size_t)n);
+        if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0) {
+            free(pooled);
+            free(cand);
+            return -1;
+        }
+    }
     g_sel.pos = pos;
-    g_sel.score = rank ? rank : score;
+    g_sel.score = rank ? rank : (pooled ? pooled : score);
     int32_t kept = n_prot;
     if (c->hybrid == 0 || rank) {
         qsort(cand, (size_t)n_cand, sizeof *cand, by_score);
@@ -173,6 +210,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
         }
         kept += free_slots;
     }
+    free(pooled);
     free(rank);
     free(cand);
     return kept;

@@ -13,6 +13,9 @@
  *   hybrid 0 (V1): the highest-scoring other cells fill the budget;
  *   hybrid 1 (V2) / 2 (V3): the other cells, in position order, are cut into `segments` equal parts, each keeps
  *   floor(share) of the free slots by score; the slots lost to rounding go to the best remaining cells overall.
+ *   With pool = r > 0 (V1-V3), a cell is ranked by the highest score within r positions of it (SnapKV-style max
+ *   pooling) instead of its own: a span of text around a high-scoring token (a fact such as a name with its number)
+ *   is kept or evicted as a whole rather than in fragments.
  *   Baselines that ignore the score (prefix protected as in V3): hybrid 3 = StreamingLLM (attention sinks =
  *   the prefix, then the most recent cells fill the budget), hybrid 4 = random (the other cells ranked by a fixed
  *   hash of their position: a uniform, reproducible choice that keeps a kept cell ranked high in later rounds).
@@ -38,9 +41,10 @@ typedef struct triatt_config {
     int32_t divide;        /* a round starts when a sequence holds more than budget + divide cells */
     int32_t warmup;        /* tokens whose queries calibrate the score */
     int32_t boundary_skip; /* attention layers left out of the score at each end of the stack */
+    int32_t pool;          /* V1-V3: rank a cell by the best score within `pool` positions of it (0 = its own) */
 } triatt_config;
 
-/* budget 0 (off), hybrid 2, prefix 128, window 128, segments 8, divide 128, warmup 1024, boundary_skip 0 */
+/* budget 0 (off), hybrid 2, prefix 128, window 128, segments 8, divide 128, warmup 1024, boundary_skip 0, pool 0 */
 void triatt_config_default(triatt_config *c);
 
 /* The policy's name: "V1", "V2", "V3", "StreamingLLM", "random" ("?" outside 0..4). */

@@ -7,8 +7,9 @@ evicted cache. Here the score is calibrated on the first `warmup` tokens (256), 
 past the budget (64) after every ubatch of `ubatch` tokens (128, with the protocol's -b 512), and each run reports
 the fraction of scored tokens whose ubatch came after its chunk's first round (`seen`, from the round lines).
 
-Policies (--triatt-hybrid): V3 (2), V1 (0), StreamingLLM (3: the prefix as attention sinks + the most recent
-cells) and random (4: prefix, window and a fixed hash of the position), all at the same budget.
+Policies (--triatt-hybrid): V3 (2), V2 (1), V1 (0), StreamingLLM (3: the prefix as attention sinks + the most recent
+cells) and random (4: prefix, window and a fixed hash of the position), all at the same budget; V3-nopool is V3
+ranking each cell by its own score (--triatt-pool 0) instead of the library's default pooling.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from pathlib import Path
 from . import ppl
 from .common import EVICT_ROUND_POS, KvConfig, progress
 
-POLICIES = {"V3": 2, "V1": 0, "StreamingLLM": 3, "random": 4}
+# name -> TRIATT_* settings (the library's defaults for the rest)
+POLICIES: dict[str, dict[str, int]] = {
+    "V3": {"HYBRID": 2},
+    "V3-nopool": {"HYBRID": 2, "POOL": 0},
+    "V2": {"HYBRID": 1},
+    "V1": {"HYBRID": 0},
+    "StreamingLLM": {"HYBRID": 3},
+    "random": {"HYBRID": 4},
+}
 
 
 def seen_fraction(log: str, ctx: int) -> float | None:
@@ -42,15 +51,21 @@ def seen_fraction(log: str, ctx: int) -> float | None:
 
 
 def configs(
-    caches: list[KvConfig], ctx: int, budgets: tuple[int, ...], policies: dict[str, int], warmup: int, divide: int
+    caches: list[KvConfig],
+    ctx: int,
+    budgets: tuple[int, ...],
+    policies: dict[str, dict[str, int]],
+    warmup: int,
+    divide: int,
 ) -> list[KvConfig]:
     """Per cache: the cache without eviction, then each budget x policy (settings through the TRIATT_* env)."""
     out: list[KvConfig] = []
     for cache in caches:
         out.append(cache)
         for pct in budgets:
-            for name, hybrid in policies.items():
-                env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_HYBRID", str(hybrid)),
+            for name, settings in policies.items():
+                env = (("TRIATT_BUDGET", str(ctx * pct // 100)),
+                       *((f"TRIATT_{k}", str(v)) for k, v in settings.items()),
                        ("TRIATT_WARMUP", str(warmup)), ("TRIATT_DIVIDE", str(divide)))  # fmt: skip
                 out.append(replace(cache, env=cache.env + env, label=f"{name} {pct}%"))
     return out
@@ -64,7 +79,7 @@ def run(
     ctx: int = 2048,
     chunks: int = 3,
     budgets: tuple[int, ...] = (25, 50, 75),
-    policies: dict[str, int] | None = None,
+    policies: dict[str, dict[str, int]] | None = None,
     ubatch: int = 128,
     warmup: int = 256,
     divide: int = 64,

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_equalized) {
+bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_transformed) {
     if (!llama_tq_is_tq(type)) {
         return true;
     }
@@ -17,5 +17,5 @@ bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_equalized) {
     if (type == GGML_TYPE_TQ3_64 || type == GGML_TYPE_TQ4_64) {
         return false; // heads of 64 x odd: upstream's Hadamard is 64-point, within our own 64-value blocks
     }
-    return type == GGML_TYPE_TQ3 && is_k && !keys_equalized;
+    return type == GGML_TYPE_TQ3 && is_k && !keys_transformed;
 }
