@@ -1,9 +1,12 @@
 """V3's segment quota and protected prefix on the eviction protocol of `llama-tq evict` (issue 15).
 
     python bench/eviction_sweep.py [--text wiki.test.raw] [--out bench/results/evict/tuning]
+    python bench/eviction_sweep.py --pooled [--text T] --out bench/results/evict/pool/segments_wikitext
 
 f16 cache, -c 2048 -b 512 -ub 128, 3 chunks, rounds during the prefill (warmup 256, divide 64); budgets 25 and 50 %;
 V3 with segments x prefix in {8, 2, 1} x {128, 32} (TRIATT_SEGMENTS / TRIATT_PREFIX). Prints KLD vs f16 per run.
+--pooled: the segment quota with pooled scores (the library's default pool), budgets 25/50/75 %, through
+`llama_tq.harness.evict` (evict.json, evict.md, the plot): segments 1, 2, 4 and 1 with prefix 32.
 """
 
 from __future__ import annotations
@@ -11,20 +14,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llama_tq.harness import ppl
+from llama_tq.harness import evict, ppl
 from llama_tq.harness.common import KvConfig
 from llama_tq.models import default_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
-SETTINGS = ((8, 128), (2, 128), (1, 128), (8, 32), (1, 32))  # (segments, prefix); (8, 128) is the default
+SETTINGS = ((8, 128), (2, 128), (1, 128), (8, 32), (1, 32))  # (segments, prefix)
+POOLED = {"V3-s1": {"HYBRID": 2, "SEGMENTS": 1}, "V3-s2": {"HYBRID": 2, "SEGMENTS": 2},
+          "V3-s4": {"HYBRID": 2, "SEGMENTS": 4}, "V3-s1-p32": {"HYBRID": 2, "SEGMENTS": 1, "PREFIX": 32}}  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text", type=Path, default=WIKI)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "evict" / "tuning")
+    ap.add_argument("--pooled", action="store_true", help="the pooled-score segment sweep (budgets 25/50/75 %%)")
     args = ap.parse_args()
+    if args.pooled:
+        evict.run(default_model(), args.text, args.out, policies=POOLED)
+        return
     ctx = 2048
     cfgs = [KvConfig("f16", "f16")]
     for pct in (25, 50):

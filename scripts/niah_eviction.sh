@@ -42,8 +42,8 @@ runs = [(f, *f.parent.name.split("_", 2)) for f in Path(sys.argv[1]).glob("*/nia
 for f, ctx, st, pol in sorted(runs, key=lambda r: (int(r[1]), r[2], r[3] != "none", r[3])):
     res = json.loads(f.read_text())["results"]
     ev = sorted({r["evictions"] for r in res if r["evictions"] is not None})
-    base, _, w = pol.partition("_w")
-    name = base if pol == "none" else base.replace("_", " @ ", 1) + " %" + (f", window {w}" if w else "")
+    name, pct, tag = (pol.split("_", 2) + ["", ""])[:3]  # policy_percent[_TAG]
+    name = name if pol == "none" else f"{name} @ {pct} %" + (f" ({tag})" if tag else "")
     cells = " ".join(f"{r['position']}:{short[r['status']]}" for r in res)
     n = sum(r["status"] == "PASS" for r in res)
     print(f"| {ctx} | {st} | {name} | {'/'.join(map(str, ev)) or '-'} | {cells} | {n}/{len(res)} |")

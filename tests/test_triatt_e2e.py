@@ -82,6 +82,15 @@ def test_env_fallback_and_flag_wins(text: Path) -> None:
     assert proc.returncode == 0 and "triatt: evict:" not in proc.stderr
 
 
+def test_pool_reaches_the_engine(text: Path) -> None:
+    """--triatt-pool (default 8) and its TRIATT_POOL alias reach libllama's eviction, as its configuration line says."""
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256")
+    assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 8$", proc.stderr, re.M)
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL": "0"})
+    assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 0$", proc.stderr, re.M)
+    assert "triatt: evict:" in proc.stderr
+
+
 @pytest.mark.parametrize(("hybrid", "name"), [(3, "StreamingLLM"), (4, "random")])
 def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
     """The baselines of the eviction protocol run through the same hook as V3: the same rounds at the same positions
@@ -107,6 +116,7 @@ def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
         ),
         (["--triatt-budget", "900", "--triatt-window", "-3"], "--triatt-window must not be negative"),
         (["--triatt-budget", "900", "--triatt-segments", "0"], "--triatt-segments must be at least 1"),
+        (["--triatt-budget", "900", "--triatt-pool", "-1"], "--triatt-pool must not be negative"),
     ],
 )
 def test_invalid_settings_fail_clearly(text: Path, flags: list[str], msg: str) -> None:

@@ -14,11 +14,10 @@ pytestmark = pytest.mark.unit
 def ref_pool(pos: np.ndarray, score: np.ndarray, r: int) -> np.ndarray:
     """Each cell's best score within r positions (NaN ignored unless all are NaN)."""
     near = np.abs(pos[:, None].astype(np.int64) - pos[None, :]) <= r
-    vals = np.where(near, score[None, :], np.nan)
-    with np.errstate(all="ignore"):
-        out = np.nanmax(np.where(np.isnan(vals), -np.inf, vals), axis=1)
-    out[~(near & ~np.isnan(score)[None, :]).any(axis=1)] = np.nan
-    return out.astype(np.float32)
+    vals = np.where(near & ~np.isnan(score)[None, :], score[None, :], -np.inf)
+    best = vals.max(axis=1).astype(np.float32)
+    best[np.isneginf(best)] = np.nan
+    return best
 
 
 def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, prefix: int, window: int,
@@ -91,8 +90,8 @@ def test_select_invariants() -> None:
         assert keep.sum() == 1000
         assert keep[-128:].all()  # the recent window is always kept
         assert keep[:128].all() == (hybrid == 2)  # the prefix: V3 only
-    # V1 keeps the global top scores among the unprotected cells
-    keep = tri.select(pos, score, budget=1000, hybrid=0, window=128)
+    # V1 keeps the global top scores among the unprotected cells (ranked by their own scores: pool 0)
+    keep = tri.select(pos, score, budget=1000, hybrid=0, window=128, pool=0)
     cand = np.arange(n - 128)
     assert set(np.flatnonzero(keep[: n - 128])) == set(cand[np.argsort(-score[: n - 128], kind="stable")][:872])
     # V2: every segment keeps floor(share) or more of the free slots, whatever the scores
@@ -101,7 +100,7 @@ def test_select_invariants() -> None:
     keep = tri.select(pos, score2, budget=1000, hybrid=1, window=128, segments=8)
     seg = np.array_split(np.arange(n - 128), 8)
     assert all(keep[s].sum() >= 872 * len(s) // (n - 128) for s in seg)
-    assert tri.select(pos, score2, budget=1000, hybrid=0, window=128)[n // 2 : n - 128].sum() == 0
+    assert tri.select(pos, score2, budget=1000, hybrid=0, window=128, pool=0)[n // 2 : n - 128].sum() == 0
     # StreamingLLM: the sinks (prefix) and the most recent cells, whatever the scores
     keep = tri.select(pos, score2, budget=1000, hybrid=3, prefix=128, window=128)
     assert keep[:128].all() and keep[n - 872 :].all() and keep.sum() == 1000
@@ -124,8 +123,8 @@ def test_pool_keeps_spans_whole() -> None:
     score[span] = -5.0
     score[706] = 50.0
     for hybrid in (0, 2):
-        plain = tri.select(pos, score, budget=600, hybrid=hybrid, window=128)
-        pooled = tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=6)
+        plain = tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=0)
+        pooled = tri.select(pos, score, budget=600, hybrid=hybrid, window=128)  # the default pool (8)
         assert plain[706] and not plain[span].all()
         assert pooled[span].all() and pooled.sum() == plain.sum() == 600
     for hybrid in (3, 4):

@@ -11,11 +11,11 @@ void triatt_config_default(triatt_config *c) {
     c->hybrid = 2;
     c->prefix = 128;
     c->window = 128;
-    c->segments = 8;
+    c->segments = 2; /* with pooled scores 2 beat 8 (and 1, 4) on KLD: bench/results/v3_eviction.md */
     c->divide = 128;
     c->warmup = 1024;
     c->boundary_skip = 0;
-    c->pool = 0;
+    c->pool = 8;
 }
 
 const char *triatt_policy_name(int32_t hybrid) {
@@ -117,6 +117,14 @@ static int pool_scores(int32_t n, const int32_t *pos, const float *score, int32_
     return 0;
 }
 
+/* Keeps the k best of the cells cand[0, m) by g_sel.score (reordering them). */
+static void take(int32_t *cand, int32_t m, int32_t k, uint8_t *keep) {
+    qsort(cand, (size_t)m, sizeof *cand, by_score);
+    for (int32_t j = 0; j < k && j < m; ++j) {
+        keep[cand[j]] = 1;
+    }
+}
+
 int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, const float *score, uint8_t *keep) {
     char msg[160];
     if (n < 0 || triatt_config_check(c, msg, sizeof msg) != 0) {
@@ -176,25 +184,20 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
         }
     }
     g_sel.pos = pos;
-    g_sel.score = rank ? rank : (pooled ? pooled : score);
     int32_t kept = n_prot;
     if (c->hybrid == 0 || rank) {
-        qsort(cand, (size_t)n_cand, sizeof *cand, by_score);
-        for (int32_t j = 0; j < free_slots; ++j) {
-            keep[cand[j]] = 1;
-        }
+        g_sel.score = rank ? rank : (pooled ? pooled : score);
+        take(cand, n_cand, free_slots, keep);
         kept += free_slots;
     } else {
         qsort(cand, (size_t)n_cand, sizeof *cand, by_pos);
+        g_sel.score = pooled ? pooled : score;
         const int32_t segs = c->segments < n_cand ? c->segments : (n_cand > 0 ? n_cand : 1);
         int32_t given = 0;
         for (int32_t s = 0; s < segs; ++s) {
             const int32_t lo = (int32_t)((int64_t)n_cand * s / segs), hi = (int32_t)((int64_t)n_cand * (s + 1) / segs);
             const int32_t quota = (int32_t)((int64_t)free_slots * (hi - lo) / n_cand);
-            qsort(cand + lo, (size_t)(hi - lo), sizeof *cand, by_score);
-            for (int32_t j = lo; j < lo + quota; ++j) {
-                keep[cand[j]] = 1;
-            }
+            take(cand + lo, hi - lo, quota, keep);
             given += quota;
         }
         /* rounding deficit (< segments slots): the best remaining cells overall */
@@ -204,10 +207,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
                 cand[m++] = cand[j];
             }
         }
-        qsort(cand, (size_t)m, sizeof *cand, by_score);
-        for (int32_t j = 0; j < free_slots - given && j < m; ++j) {
-            keep[cand[j]] = 1;
-        }
+        take(cand, m, free_slots - given, keep);
         kept += free_slots;
     }
     free(pooled);
