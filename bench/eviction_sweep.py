@@ -4,7 +4,8 @@
     python bench/eviction_sweep.py --pooled [--text T] --out bench/results/evict/pool/segments_wikitext
 
 f16 cache, -c 2048 -b 512 -ub 128, 3 chunks, rounds during the prefill (warmup 256, divide 64); budgets 25 and 50 %;
-V3 with segments x prefix in {8, 2, 1} x {128, 32} (TRIATT_SEGMENTS / TRIATT_PREFIX). Prints KLD vs f16 per run.
+V3 with segments x prefix in {8, 2, 1} x {128, 32} (TRIATT_SEGMENTS / TRIATT_PREFIX), cells ranked by their own
+scores (TRIATT_POOL=0, as when evict/tuning/sweep.txt was made). Prints KLD vs f16 per run.
 --pooled: the segment quota with pooled scores (the library's default pool), budgets 25/50/75 %, through
 `llama_tq.harness.evict` (evict.json, evict.md, the plot): segments 1, 2, 4 and 1 with prefix 32.
 """
@@ -39,7 +40,8 @@ def main() -> None:
     for pct in (25, 50):
         for seg, pre in SETTINGS:
             env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_HYBRID", "2"), ("TRIATT_WARMUP", "256"),
-                   ("TRIATT_DIVIDE", "64"), ("TRIATT_SEGMENTS", str(seg)), ("TRIATT_PREFIX", str(pre)))  # fmt: skip
+                   ("TRIATT_DIVIDE", "64"), ("TRIATT_SEGMENTS", str(seg)), ("TRIATT_PREFIX", str(pre)),
+                   ("TRIATT_POOL", "0"))  # fmt: skip
             cfgs.append(KvConfig("f16", "f16", env, f"V3 seg{seg} prefix{pre} {pct}%"))
     res = ppl.run_matrix(default_model(), args.text, cfgs, ctx=ctx, chunks=3, threads=2, extra_args=["-ub", "128"],
                          out_dir=args.out / "run")  # fmt: skip
