@@ -57,18 +57,26 @@ static __device__ __forceinline__ int64_t tq_rows_id(const char * ids, const tq_
 }
 
 // Block g of a rows job: every thread of the CTA calls it (the quantizer synchronizes the CTA); the tables are in
-// shared memory (t) but not yet synchronized.
+// shared memory (t) but not yet synchronized. mu / s (optional, one value per element of a source row): the key
+// transforms' SUB and MUL folded in, x' = (x - mu) * s, in IEEE f32 as the graph's nodes compute them.
 template <int BITS, int N, typename src_t, typename idx_t>
 static __device__ __forceinline__ void tq_quantize_rows_block(const tq_cu_tables & t, tq_cu_qscratch & sm,
                                                               const char * src, const char * ids, char * dst,
-                                                              const tq_rows_shape & sh, int64_t g, int tid) {
+                                                              const tq_rows_shape & sh, int64_t g, int tid,
+                                                              const float * mu = nullptr, const float * s = nullptr) {
     tq_rows_pos p;
     if (!tq_rows_locate(sh, g, p)) {
         return; // uniform over the CTA
     }
     const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
     const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * N;
-    const float v = (float) x[tid];
+    float v = (float) x[tid];
+    if (mu != nullptr) {
+        v = tq_fsub(v, mu[p.ib * N + tid]);
+    }
+    if (s != nullptr) {
+        v = tq_fmul(v, s[p.ib * N + tid]);
+    }
     uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * tq_cu_block_bytes_n(BITS, N);
     __syncthreads(); // the tables
     if constexpr (N == TQ_BLOCK) {
@@ -96,6 +104,8 @@ struct tq_rows_job {
     char * dst;
     tq_rows_shape sh;
     int64_t n; // blocks
+    const float * mu = nullptr; // folded key transforms (tq_quantize_rows_block)
+    const float * s = nullptr;
 };
 template <int B0, int B1, int N, typename idx_t>
 static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const tq_rows_job j0, const tq_rows_job j1,
@@ -104,9 +114,11 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const tq_rows_jo
     __shared__ tq_cu_qscratch sm;
     tq_cu_tables_load<N>(t, tab, threadIdx.x);
     if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
-        tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x);
+        tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x,
+                                                    j0.mu, j0.s);
     } else {
-        tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x);
+        tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x,
+                                                    j1.mu, j1.s);
     }
 }
 
@@ -401,44 +413,122 @@ static void tq_quantize_rows2(int b0, int b1, const tq_rows_job & j0, const tq_r
     CUDA_CHECK(cudaGetLastError());
 }
 
+// The key transforms in front of a K write (llama-tq-keys.cpp): k' = k - mu [* s], mu and s one row [D, H, 1]
+// broadcast over the tokens of k [D, H, T]. Node i is the SUB; on success *last is the node whose value the write
+// takes (the SUB or the MUL after it), and mu / s are set.
+static bool tq_key_transform_at(const ggml_cgraph * cgraph, int i, int & last, const float *& mu, const float *& s) {
+    auto row_of = [](const ggml_tensor * x, const ggml_tensor * r) { // r: one contiguous f32 row of x's [D, H]
+        return r->type == GGML_TYPE_F32 && ggml_is_contiguous(r) && r->ne[0] == x->ne[0] && r->ne[1] == x->ne[1] &&
+               r->ne[2] == 1 && r->ne[3] == 1;
+    };
+    const ggml_tensor * sub = cgraph->nodes[i];
+    if (sub->op != GGML_OP_SUB || sub->type != GGML_TYPE_F32 || sub->src[0]->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous(sub->src[0]) || !ggml_is_contiguous(sub) || sub->ne[3] != 1 || !row_of(sub, sub->src[1])) {
+        return false;
+    }
+    mu = (const float *) sub->src[1]->data;
+    s = nullptr;
+    last = i;
+    if (i + 1 < cgraph->n_nodes) {
+        const ggml_tensor * mul = cgraph->nodes[i + 1];
+        if (mul->op == GGML_OP_MUL && mul->src[0] == sub && mul->type == GGML_TYPE_F32 && ggml_is_contiguous(mul) &&
+            row_of(sub, mul->src[1])) {
+            s = (const float *) mul->src[1]->data;
+            last = i + 1;
+        }
+    }
+    return true;
+}
+
+// Whether any node other than nodes[first..last] reads t (directly or through a view), or t is a graph output.
+static bool tq_read_elsewhere(const ggml_cgraph * cgraph, const ggml_tensor * t, int first, int last) {
+    if (t->flags & GGML_TENSOR_FLAG_OUTPUT) {
+        return true;
+    }
+    for (int n = 0; n < cgraph->n_nodes; ++n) {
+        if (n >= first && n <= last) {
+            continue;
+        }
+        for (const ggml_tensor * src : cgraph->nodes[n]->src) {
+            if (src != nullptr && (src == t || src->view_src == t)) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
     auto is_write = [](const ggml_tensor * t) {
         return t->op == GGML_OP_SET_ROWS && ggml_cuda_tq_is_tq(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
                t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
     };
-    const ggml_tensor * k = cgraph->nodes[i];
-    if (!is_write(k) || !ctx.stream_context().concurrent_events.empty()) {
-        return 0; // (graph optimization's concurrent streams may put the two nodes on different streams)
+    // the next node after `from` that is not a view (at most 4 views in between), or -1
+    auto next_real = [&](int from) {
+        int j = from + 1;
+        while (j < cgraph->n_nodes && j <= from + 4 && tq_is_noop(cgraph->nodes[j])) {
+            ++j;
+        }
+        return j < cgraph->n_nodes && j <= from + 4 ? j : -1;
+    };
+    if (!ctx.stream_context().concurrent_events.empty()) {
+        return 0; // (graph optimization's concurrent streams may put the nodes on different streams)
     }
-    int j = i + 1;
-    while (j < cgraph->n_nodes && j <= i + 4 && tq_is_noop(cgraph->nodes[j])) {
-        ++j;
+    // the key transforms folded into the K write: SUB [MUL] views SET_ROWS, where the write reads the transformed
+    // keys as rows of D x H values and nothing else reads them. The SUB and MUL do not run: the write reads the
+    // SUB's input (same shape, both contiguous: same offsets) and applies them itself.
+    const float * mu = nullptr, * s = nullptr;
+    const ggml_tensor * keys_in = nullptr;
+    int ik = i, last = i;
+    if (tq_key_transform_at(cgraph, i, last, mu, s)) {
+        keys_in = cgraph->nodes[i]->src[0];
+        const ggml_tensor * val = cgraph->nodes[last];
+        ik = next_real(last);
+        if (ik < 0) {
+            return 0;
+        }
+        const ggml_tensor * w = cgraph->nodes[ik];
+        const ggml_tensor * a = is_write(w) ? w->src[0] : nullptr;
+        if (a == nullptr || (a != val && a->view_src != val) || a->data != val->data || !ggml_is_contiguous(a) ||
+            a->ne[0] != val->ne[0] * val->ne[1] || a->ne[0] % tq_block_n_of(w->type) != 0 ||
+            tq_overlap(w, val) || tq_overlap(w, keys_in) || tq_read_elsewhere(cgraph, val, i, ik) ||
+            (last != i && tq_read_elsewhere(cgraph, cgraph->nodes[i], i, ik))) {
+            return 0;
+        }
     }
-    if (j >= cgraph->n_nodes || j > i + 4) {
+    const ggml_tensor * k = cgraph->nodes[ik];
+    if (!is_write(k)) {
         return 0;
     }
-    const ggml_tensor * v = cgraph->nodes[j];
-    if (!is_write(v) || tq_block_n_of(v->type) != tq_block_n_of(k->type)) {
-        return 0;
-    }
-    // run side by side: neither may write what the other reads or writes
-    if (tq_overlap(k, v) || tq_overlap(k, v->src[0]) || tq_overlap(k, v->src[1]) || tq_overlap(v, k->src[0]) ||
-        tq_overlap(v, k->src[1])) {
-        return 0;
-    }
-    const tq_rows_job j0 = tq_job_of(k), j1 = tq_job_of(v);
-    if (j0.n == 0 || j1.n == 0) {
-        return 0;
+    tq_rows_job j0 = tq_job_of(k);
+    if (keys_in != nullptr) {
+        j0.src = (const char *) keys_in->data;
+        j0.mu = mu;
+        j0.s = s;
     }
     const int b0 = k->type == GGML_TYPE_TQ3 || k->type == GGML_TYPE_TQ3_64 ? 3 : 4;
-    const int b1 = v->type == GGML_TYPE_TQ3 || v->type == GGML_TYPE_TQ3_64 ? 3 : 4;
+    const int j = next_real(ik);
+    const ggml_tensor * v = j >= 0 ? cgraph->nodes[j] : nullptr;
+    // run side by side: neither may write what the other reads or writes
+    const bool pair = v != nullptr && is_write(v) && tq_block_n_of(v->type) == tq_block_n_of(k->type) &&
+                      !tq_overlap(k, v) && !tq_overlap(k, v->src[0]) && !tq_overlap(k, v->src[1]) &&
+                      !tq_overlap(v, k->src[0]) && !tq_overlap(v, k->src[1]) &&
+                      (keys_in == nullptr || !tq_overlap(v, keys_in));
+    if (!pair && mu == nullptr) {
+        return 0; // a lone write without transforms: the plain SET_ROWS path
+    }
+    tq_rows_job j1 = pair ? tq_job_of(v) : tq_rows_job{};
+    if (j0.n == 0 || (pair && j1.n == 0)) {
+        return 0;
+    }
+    const int b1 = pair && (v->type == GGML_TYPE_TQ3 || v->type == GGML_TYPE_TQ3_64) ? 3 : (pair ? 4 : b0);
     if (tq_block_n_of(k->type) == TQ_BLOCK) {
         tq_quantize_rows2<TQ_BLOCK>(b0, b1, j0, j1, ctx.stream());
     } else {
         tq_quantize_rows2<TQ_BLOCK_64>(b0, b1, j0, j1, ctx.stream());
     }
-    return j - i;
+    return (pair ? j : ik) - i;
 }
 
 bool ggml_cuda_tq_mul_mat(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_mul_mat_fn mul_mat) {
