@@ -17,7 +17,8 @@
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
 # Environment: OPS (ops stage op list), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
 #   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
-#   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair
+#   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
+#          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
@@ -225,7 +226,8 @@ stage_profile() {
     for d in ${PROFILE_DEPTHS:-0}; do
         for kv in ${PROFILE_KV:-f16/f16 q8_0/q8_0 tq3/tq3 tq4/tq4 tq3/f16 f16/tq3}; do
             # the last 8 decode tokens of tg16 (graph nodes profiled one by one), kernel times summed by name
-            ncu --metrics gpu__time_duration.sum --csv --graph-profiling node --kernel-name regex:. \
+            # shellcheck disable=SC2086  # NCU_EXTRA: more ncu flags, e.g. "--cache-control none --clock-control none"
+            ncu --metrics gpu__time_duration.sum --csv --graph-profiling node --kernel-name regex:. ${NCU_EXTRA:-} \
                 "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 0 -n 16 -d "$d" -r 1 \
                 -ctk "${kv%/*}" -ctv "${kv#*/}" > "$W/prof.csv" 2> /dev/null || rc=1
             python3 scripts/gpu/kernel_times.py "$W/prof.csv" "$kv" "$d" | tee -a "$RES/decode_kernels.txt"

@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     __shared__ float sub[16];
     __shared__ float red[2][TQ_MMA_WARPS][8];
     __shared__ float fac[8]; // single pass: each column's output factor
+    __shared__ int krange[2][TQ_MMA_WARPS]; // per warp: the first and one past the last key some column sees
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -214,6 +215,48 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             const bool valid = c < C && tk < p.n_q;
             qs[i] = valid ? *reinterpret_cast<const float *>(p.Q + z * p.nb03 + h * p.nb02 + tk * p.nb01 + 4 * d) * p.scale
                           : 0.0f;
+        }
+        { // single pass (short KV): the keys that some column's mask leaves open; the loop below runs over [first,
+          // last] only (a decode step's KV is padded to 256 cells, most of them masked at a short depth; a sliding
+          // window masks the front). Keys masked (-inf) for every column weigh exactly 0: skipping them changes nothing.
+            const int c0 = blockIdx.x * p.chunk_keys, c1 = min(p.n_kv, c0 + p.chunk_keys);
+            int kb = c1, ke = c0;
+            if (p.mask == nullptr || p.dst == nullptr) { // only the single pass (a short KV) scans: at 32K the scan
+                                                         // cost 4 % of the kernel and found little to skip
+                kb = c0;
+                ke = c1;
+            } else {
+                for (int c = 0; c < C; ++c) {
+                    const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
+                    if (tk >= p.n_q || (p.ne32 == 1 && c % p.gqa != 0)) { // heads share a mask row unless ne32 > 1
+                        continue;
+                    }
+                    const half * mr = reinterpret_cast<const half *>(p.mask + tk * p.nb31 + (h % p.ne32) * p.nb32 +
+                                                                     (z % p.ne33) * p.nb33);
+                    for (int k8 = c0 + tid; k8 < c1; k8 += 8 * TQ_MMA_WARPS * 32) { // 8 loads in flight per thread
+                        float m[8];
+#pragma unroll
+                        for (int u = 0; u < 8; ++u) {
+                            const int key = k8 + u * TQ_MMA_WARPS * 32;
+                            m[u] = key < c1 ? __half2float(mr[key]) : -INFINITY;
+                        }
+#pragma unroll
+                        for (int u = 0; u < 8; ++u) {
+                            if (m[u] != -INFINITY) {
+                                const int key = k8 + u * TQ_MMA_WARPS * 32;
+                                kb = min(kb, key);
+                                ke = max(ke, key + 1);
+                            }
+                        }
+                    }
+                }
+            }
+            kb = __reduce_min_sync(0xffffffffu, kb);
+            ke = __reduce_max_sync(0xffffffffu, ke);
+            if (lane == 0) {
+                krange[0][warp] = kb;
+                krange[1][warp] = ke;
+            }
         }
         __syncthreads();
         for (int r = warp; r < 8 * NB; r += TQ_MMA_WARPS) { // q_rot = H D q / sqrt(128) per 128 slice
@@ -273,8 +316,13 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
 
     const char * Kb = p.K + kvh * p.nb12 + (z / p.rk3) * p.nb13;
     const char * Vb = p.V + kvh * p.nb22 + (z / p.rv3) * p.nb23;
-    const int k0 = blockIdx.x * p.chunk_keys;
-    const int k1 = min(p.n_kv, k0 + p.chunk_keys);
+    int k0 = krange[0][0], k1 = krange[1][0];
+#pragma unroll
+    for (int w = 1; w < TQ_MMA_WARPS; ++w) {
+        k0 = min(k0, krange[0][w]);
+        k1 = max(k1, krange[1][w]);
+    }
+    k1 = max(k0, k1); // every key masked: no tile (M = -inf, L = 0, as the merge expects of an empty chunk)
     const int n_tiles = (k1 - k0 + TQ_MMA_KEYS - 1) / TQ_MMA_KEYS;
 
     uint32_t * wst = stage + warp * TQ_MMA_STAGES * TILE_WORDS;
