@@ -288,3 +288,28 @@ void triatt_score_add(const triatt_rope *r, const float *a_re, const float *a_im
         score[i] += s;
     }
 }
+
+void triatt_score_add_cols(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *kt,
+                           size_t kt_stride, int32_t n, float *score, float *acc) {
+    const int32_t np = r->head_dim / 2;
+    const int32_t half = r->n_rot / 2;
+    for (int32_t i = 0; i < n; ++i) {
+        acc[i] = 0.0f;
+    }
+    /* pairs outer, keys inner: every key still sums its pairs in order (the row version's result), and the inner
+     * loop runs over contiguous columns, which the compiler vectorizes (with -fno-math-errno for sqrtf) */
+    for (int32_t f = 0; f < np; ++f) {
+        const int32_t ia = f < half ? (r->neox ? f : 2 * f) : r->n_rot + 2 * (f - half);
+        const int32_t ib = f < half ? (r->neox ? f + half : 2 * f + 1) : ia + 1;
+        const float *xs = kt + (size_t)ia * kt_stride;
+        const float *ys = kt + (size_t)ib * kt_stride;
+        const float ar = a_re[f], ai = a_im[f], bf = b[f];
+        for (int32_t i = 0; i < n; ++i) {
+            const float x = xs[i], y = ys[i];
+            acc[i] += ar * x + ai * y + bf * sqrtf(x * x + y * y);
+        }
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        score[i] += acc[i];
+    }
+}

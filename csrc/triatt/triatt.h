@@ -93,6 +93,12 @@ void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im,
 void triatt_score_add(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *k,
                       size_t k_stride, int32_t n, float *score);
 
+/* The same for keys stored by column: kt[d * kt_stride + i] is coordinate d of key i (i < n). acc: n floats of
+ * scratch. Each key's sum runs over the pairs in the same order as triatt_score_add's, so the scores are the same;
+ * the loop over keys is contiguous and vectorizes. */
+void triatt_score_add_cols(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *kt,
+                           size_t kt_stride, int32_t n, float *score, float *acc);
+
 #ifdef __cplusplus
 }
 #endif

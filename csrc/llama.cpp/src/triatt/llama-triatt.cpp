@@ -279,46 +279,94 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     std::vector<float> score((size_t) n, 0.0f);
     const uint32_t stream = kv->get_stream(seq);
     const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
-    for (auto & ls : layers) {
+
+    // The scored layers. K rows are read in place when the cache is in host memory; otherwise the rows from the
+    // sequence's lowest to its highest cell are copied once per round (one copy per layer).
+    struct scored_layer {
+        const layer_stats * ls;
+        ggml_type type;
+        int64_t n_embd;
+        size_t row_bytes;
+        const uint8_t * rows;  // row of cell i at rows + row_bytes * (i - base)
+        uint32_t base;
+        std::vector<float> a_re, a_im, b;
+    };
+    std::vector<scored_layer> sl;
+    const uint32_t i_lo = idx.empty() ? 0 : *std::min_element(idx.begin(), idx.end());
+    const uint32_t i_hi = idx.empty() ? 0 : *std::max_element(idx.begin(), idx.end()) + 1;
+    size_t n_copies = 0;
+    for (const auto & ls : layers) {
         if (ls.mu_re.empty() || !triatt_policy_scored(cfg.hybrid)) { // the baselines rank by position alone
             continue;
         }
         ggml_tensor * k = kv->get_k_storage(ls.il);
-        const size_t row_bytes = k->nb[1];
-        const int64_t n_embd = k->ne[0];
-        slab.resize(row_bytes * cells.size());
-        ggml_backend_tensor_get(k, slab.data(), stream * k->nb[2], row_bytes * cells.size());
-        const auto * traits = ggml_get_type_traits(k->type);
+        scored_layer L;
+        L.ls = &ls;
+        L.type = k->type;
+        L.n_embd = k->ne[0];
+        L.row_bytes = k->nb[1];
         const size_t np = (size_t) ls.head_dim / 2;
-        std::vector<float> a_re(np * ls.n_head_kv), a_im(np * ls.n_head_kv), b(np * ls.n_head_kv);
+        L.a_re.resize(np * ls.n_head_kv);
+        L.a_im.resize(np * ls.n_head_kv);
+        L.b.resize(np * ls.n_head_kv);
         for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
             triatt_coeffs(&ls.rope, &ls.mu_re[hk * np], &ls.mu_im[hk * np], &ls.mag[hk * np], (double) t_now, 16,
-                          &a_re[hk * np], &a_im[hk * np], &b[hk * np]);
+                          &L.a_re[hk * np], &L.a_im[hk * np], &L.b[hk * np]);
         }
-        std::vector<float> keys((size_t) n * n_embd);
-        // cells [c0, c1): decode, undo the transforms, score every KV head; each cell's score sums the layers and
-        // heads in the same order whatever the split, so the result does not depend on the thread count
-        auto score_cells = [&](int32_t c0, int32_t c1) {
+        if (k->buffer != nullptr && ggml_backend_buffer_is_host(k->buffer)) {
+            L.rows = (const uint8_t *) k->data + stream * k->nb[2];
+            L.base = 0;
+        } else {
+            if (slabs.size() <= n_copies) {
+                slabs.resize(n_copies + 1);
+            }
+            std::vector<uint8_t> & buf = slabs[n_copies++];
+            buf.resize(L.row_bytes * (i_hi - i_lo));
+            ggml_backend_tensor_get(k, buf.data(), stream * k->nb[2] + L.row_bytes * i_lo, buf.size());
+            L.rows = buf.data();
+            L.base = i_lo;
+        }
+        sl.push_back(std::move(L));
+    }
+    // cells [c0, c1) on one thread: decode, undo upstream's rotation and the key transforms, score every layer's KV
+    // heads. Each cell sums its layers and heads in model order whatever the split, so the scores do not depend on
+    // the thread count; one pool per round (not per layer), no per-round zero-filled buffers.
+    auto score_cells = [&](int32_t c0, int32_t c1) {
+        std::vector<float> keys, cols, acc((size_t) (c1 - c0));
+        for (const auto & L : sl) {
+            keys.resize((size_t) (c1 - c0) * L.n_embd);
+            const auto * traits = ggml_get_type_traits(L.type);
             for (int32_t c = c0; c < c1; ++c) {
-                const uint8_t * src = slab.data() + row_bytes * idx[c];
-                float * dst = keys.data() + (size_t) c * n_embd;
-                if (k->type == GGML_TYPE_F32) {
-                    std::memcpy(dst, src, n_embd * sizeof(float));
+                const uint8_t * src = L.rows + L.row_bytes * (idx[c] - L.base);
+                float * dst = keys.data() + (size_t) (c - c0) * L.n_embd;
+                if (L.type == GGML_TYPE_F32) {
+                    std::memcpy(dst, src, L.n_embd * sizeof(float));
                 } else {
-                    traits->to_float(src, dst, n_embd);
+                    traits->to_float(src, dst, L.n_embd);
                 }
                 if (rot_block > 0) {
-                    unrotate_hadamard(dst, n_embd, rot_block);
+                    unrotate_hadamard(dst, L.n_embd, rot_block);
                 }
             }
-            float * rows = keys.data() + (size_t) c0 * n_embd;
-            kv->get_tq_keys().true_keys(ls.il, rows, c1 - c0);  // scores are computed on the true keys
-            for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
-                triatt_score_add(&ls.rope, &a_re[hk * np], &a_im[hk * np], &b[hk * np], rows + (size_t) hk * ls.head_dim,
-                                 (size_t) n_embd, c1 - c0, score.data() + c0);
+            kv->get_tq_keys().true_keys(L.ls->il, keys.data(), c1 - c0);  // scores are computed on the true keys
+            // by column (coordinate-major): the scoring loop then runs over contiguous keys and vectorizes
+            const size_t m = (size_t) (c1 - c0);
+            cols.resize(m * L.n_embd);
+            for (size_t c = 0; c < m; ++c) {
+                for (int64_t d = 0; d < L.n_embd; ++d) {
+                    cols[d * m + c] = keys[c * L.n_embd + d];
+                }
             }
-        };
-        const int32_t n_thr = std::max(1, std::min(n_threads, n / 256)); // >= 256 cells a thread
+            const size_t np = (size_t) L.ls->head_dim / 2;
+            for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
+                triatt_score_add_cols(&L.ls->rope, &L.a_re[hk * np], &L.a_im[hk * np], &L.b[hk * np],
+                                      cols.data() + (size_t) hk * L.ls->head_dim * m, m, c1 - c0, score.data() + c0,
+                                      acc.data());
+            }
+        }
+    };
+    if (!sl.empty()) {
+        const int32_t n_thr = std::max(1, std::min(n_threads, n / 64)); // >= 64 cells a thread
         std::vector<std::thread> pool;
         for (int32_t t = 1; t < n_thr; ++t) {
             pool.emplace_back(score_cells, (int32_t) ((int64_t) n * t / n_thr), (int32_t) ((int64_t) n * (t + 1) / n_thr));

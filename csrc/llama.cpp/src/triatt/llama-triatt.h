@@ -83,6 +83,6 @@ private:
     int32_t rounds = 0;
     int64_t evicted = 0;
     double t_ms = 0.0;  // time spent in eviction rounds
-    std::vector<uint8_t> slab;
+    std::vector<std::vector<uint8_t>> slabs;  // K rows copied from a device cache, per scored layer, reused
     std::vector<float> rowbuf;
 };
