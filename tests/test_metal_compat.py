@@ -7,7 +7,8 @@
    (10^6 cases per operation), quantize and dequantize bit for bit against the C codec on 2^18 random blocks per
    block format (> 10^6 blocks in all), the SET_ROWS / CPY / GET_ROWS kernels in upstream's dispatch geometry,
    and the flash-attention kernel per threadgroup on an emulated 32-lane SIMD group against a double-precision
-   attention over codec-dequantized K/V for every K/V pair and head size it is instantiated for.
+   attention over codec-dequantized K/V for every K/V pair and head size it is instantiated for, and (built against
+   the installed patched ggml) against ggml's CPU FLASH_ATTN_EXT on the same bytes, test-backend-ops' reference.
 3. The patched tree wires it: the kernel library and the host hooks are in ggml-metal's CMake lists and library
    table, supports_op and the FA op call the hooks, and the host C++ (ggml-metal-tq.cpp and the patched
    ggml-metal-ops.cpp) compiles. ggml-metal-device.m is Objective-C and is only read.
@@ -251,3 +252,33 @@ def test_every_kernel_name_the_host_asks_for_is_instantiated(base_tree: Path) ->
     host = (METAL_SRC / "ggml-metal-tq.cpp").read_text()
     assert '"kernel_tq_flash_attn_ext_%s_%s_d%d"' in host
     assert "d == 64 || d == 192" in host and "d == 128 || d == 256" in host
+
+
+def test_metal_fa_kernel_matches_ggml_cpu_backend(base_tree: Path, tmp_path: Path) -> None:
+    """The emulated FA kernel against the installed patched ggml's CPU FLASH_ATTN_EXT on the same bytes (the
+    reference test-backend-ops compares a GPU backend with), within test-backend-ops' FA tolerance."""
+    import llama_tq
+
+    lib = llama_tq.lib_dir()
+    codec = tmp_path / "tq_codec.o"
+    subprocess.run(
+        [CC, "-O2", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)], check=True
+    )
+    exe = tmp_path / "test_tq_metal_ggml"
+    proc = subprocess.run(
+        [
+            CXX, *CXXFLAGS, "-O2", "-DTQ_METAL_WITH_GGML", "-I", str(COMPAT), "-I", str(METAL_SRC / "kernels"),
+            "-I", str(base_tree / "ggml/src/ggml-metal"), "-I", str(REPO / "csrc/codec"),
+            "-I", str(llama_tq.include_dir()),
+            str(COMPAT / "test_tq_metal.cpp"), str(codec), "-L", str(lib), "-lggml-cpu", "-lggml-base", "-lggml",
+            f"-Wl,-rpath,{lib}", "-o", str(exe), "-pthread",
+        ],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = subprocess.run([str(exe), "1000"], capture_output=True, text=True, timeout=600)
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    cpu = re.findall(r"vs ggml CPU (\S+) (ok|FAIL)$", run.stdout, re.M)
+    assert len(cpu) == 32 and all(r[1] == "ok" and float(r[0]) < 5e-4 for r in cpu), cpu

@@ -3,7 +3,8 @@
 // format (several value distributions and the codec's edge cases); the SET_ROWS / CPY / GET_ROWS kernels in
 // upstream's dispatch geometry; the flash-attention kernel, each threadgroup run as an emulated SIMD group of 32
 // lanes, against a double-precision attention over codec-dequantized K/V (the semantics of test-backend-ops'
-// CPU reference) for every K/V pair and head size it is instantiated for, with masks, ALiBi, softcap, sinks, GQA.
+// CPU reference) for every K/V pair and head size it is instantiated for, with masks, ALiBi, softcap, sinks, GQA;
+// built with -DTQ_METAL_WITH_GGML (and the installed ggml) also against ggml's CPU FLASH_ATTN_EXT on the same bytes.
 //   test_tq_metal [blocks_per_format]        exit status 0 = all equal / within tolerance
 // the standard headers first: the stand-in erases `thread`, `device` and `constant`, which they use as names
 #include <cstdio>
@@ -13,6 +14,11 @@
 #include <vector>
 
 #include "tq_codec.h"
+
+#ifdef TQ_METAL_WITH_GGML // the installed patched ggml: its CPU backend is the FA reference (as test-backend-ops')
+#include "ggml-cpu.h"
+#include "ggml.h"
+#endif
 
 using worker_thread = std::thread;
 
@@ -365,7 +371,51 @@ static kv_buf make_kv(int type, int D, int rows, std::mt19937_64 & rng) {
     return k;
 }
 
+#ifdef TQ_METAL_WITH_GGML
+static ggml_type ggml_of(int t) {
+    static const ggml_type types[] = {GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_TQ3, GGML_TYPE_TQ4, GGML_TYPE_TQ3_64,
+                                      GGML_TYPE_TQ4_64};
+    return types[t];
+}
+
+// ggml's CPU FLASH_ATTN_EXT on the same bytes: the output [D, heads, rows] (what test-backend-ops compares with)
+static std::vector<float> ggml_cpu_fa(int D, int KT, int VT, int n_kv, int n_rows, int n_head, int n_head_kv,
+                                      const std::vector<float> & q, const kv_buf & k, const kv_buf & v,
+                                      const std::vector<half> * mask, const std::vector<float> * sinks, float scale,
+                                      float max_bias, float softcap) {
+    ggml_init_params ip = {(size_t) 256 << 20, nullptr, false};
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * tq = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, n_rows, n_head, 1);
+    ggml_tensor * tk = ggml_new_tensor_4d(ctx, ggml_of(KT), D, n_kv, n_head_kv, 1);
+    ggml_tensor * tv = ggml_new_tensor_4d(ctx, ggml_of(VT), D, n_kv, n_head_kv, 1);
+    std::memcpy(tq->data, q.data(), ggml_nbytes(tq));
+    std::memcpy(tk->data, k.data.data(), ggml_nbytes(tk));
+    std::memcpy(tv->data, v.data.data(), ggml_nbytes(tv));
+    ggml_tensor * tm = nullptr;
+    if (mask) {
+        tm = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, n_rows, 1, 1);
+        std::memcpy(tm->data, mask->data(), ggml_nbytes(tm));
+    }
+    ggml_tensor * out = ggml_flash_attn_ext(ctx, tq, tk, tv, tm, scale, max_bias, softcap);
+    if (sinks) {
+        ggml_tensor * ts = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_head);
+        std::memcpy(ts->data, sinks->data(), ggml_nbytes(ts));
+        ggml_flash_attn_ext_add_sinks(out, ts);
+    }
+    ggml_prec_set_acc(out, GGML_PREC_F32);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    std::vector<float> r;
+    if (ggml_graph_compute_with_ctx(ctx, gf, 1) == GGML_STATUS_SUCCESS) {
+        r.assign((const float *) out->data, (const float *) out->data + ggml_nelements(out));
+    }
+    ggml_free(ctx);
+    return r;
+}
+#endif
+
 template <int KT, int VT, int D> struct fa_case {
+    static inline double nmse_ggml = -1.0; // vs ggml's CPU backend (TQ_METAL_WITH_GGML builds), else -1
     static double run(int n_kv, int n_rows, int n_head, int n_head_kv, bool mask, float softcap, float max_bias, bool sinks,
                       uint64_t seed) {
         std::mt19937_64 rng(seed);
@@ -414,6 +464,18 @@ template <int KT, int VT, int D> struct fa_case {
                 });
             }
         }
+#ifdef TQ_METAL_WITH_GGML
+        {
+            const std::vector<float> cpu = ggml_cpu_fa(D, KT, VT, n_kv, n_rows, n_head, n_head_kv, q, k, v, mask ? &m : nullptr,
+                                                       sinks ? &sk : nullptr, scale, max_bias, softcap);
+            double e = 0.0, r2 = 0.0;
+            for (size_t i = 0; i < cpu.size() && cpu.size() == out.size(); ++i) {
+                e += ((double) out[i] - cpu[i]) * ((double) out[i] - cpu[i]);
+                r2 += (double) cpu[i] * cpu[i];
+            }
+            nmse_ggml = cpu.size() == out.size() ? e / r2 : INFINITY;
+        }
+#endif
         // reference in double
         double err = 0.0, ref2 = 0.0;
         for (int h = 0; h < n_head; ++h) {
@@ -466,9 +528,15 @@ template <int KT, int VT, int D> static void fa(int n_kv, int n_rows, int n_head
                                                 float max_bias, bool sinks) {
     const double nmse = fa_case<KT, VT, D>::run(n_kv, n_rows, n_head, n_head_kv, mask, softcap, max_bias, sinks,
                                                 (uint64_t) (KT * 131 + VT * 17 + D + n_kv));
-    const bool ok = nmse < 1e-6;
-    std::printf("FA %-6s K / %-6s V d%-3d kv %3d rows %d heads %d/%d mask %d softcap %.0f alibi %.0f sinks %d: NMSE %.2e %s\n",
-                kv_name(KT), kv_name(VT), D, n_kv, n_rows, n_head, n_head_kv, mask, softcap, max_bias, sinks, nmse,
+    const double ng = fa_case<KT, VT, D>::nmse_ggml;
+    // vs ggml's CPU backend: test-backend-ops' FA tolerance (its f16 K/V paths round Q and V sums to f16)
+    const bool ok = nmse < 1e-6 && (ng < 0.0 || ng < 5e-4);
+    char cpu[48] = "";
+    if (ng >= 0.0) {
+        std::snprintf(cpu, sizeof cpu, ", vs ggml CPU %.2e", ng);
+    }
+    std::printf("FA %-6s K / %-6s V d%-3d kv %3d rows %d heads %d/%d mask %d softcap %.0f alibi %.0f sinks %d: NMSE %.2e%s %s\n",
+                kv_name(KT), kv_name(VT), D, n_kv, n_rows, n_head, n_head_kv, mask, softcap, max_bias, sinks, nmse, cpu,
                 ok ? "ok" : "FAIL");
     CHECK(ok, "FA");
 }
