@@ -81,40 +81,33 @@ def test_embedded_metal_source_compiles_as_cpp(base_tree: Path, tmp_path: Path) 
     assert "warning" not in proc.stderr, proc.stderr[-4000:]
 
 
-@pytest.fixture(scope="module")
-def metal_test_binary(base_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("metal")
-    (d / "llama.cpp").symlink_to(base_tree)
-    tree = d / "llama.cpp"
-    codec = d / "tq_codec.o"
-    subprocess.run(
-        [CC, "-O2", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)], check=True
-    )
-    exe = d / "test_tq_metal"
+def build_metal_test(
+    out: Path, name: str, base_tree: Path, kernels: Path = METAL_SRC / "kernels", extra: tuple[str, ...] = ()
+) -> Path:
+    """Compiles tests/metal/test_tq_metal.cpp (with the C codec) against the tq.metal in `kernels`; extra: more
+    compiler/linker arguments. Fails the test with the compiler's message."""
+    codec = out / "tq_codec.o"
+    if not codec.exists():
+        subprocess.run(
+            [CC, "-O2", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)], check=True
+        )
+    exe = out / name
     proc = subprocess.run(
         [
-            CXX,
-            *CXXFLAGS,
-            "-O2",
-            "-I",
-            str(COMPAT),
-            "-I",
-            str(METAL_SRC / "kernels"),
-            "-I",
-            str(tree / "ggml/src/ggml-metal"),
-            "-I",
-            str(REPO / "csrc/codec"),
-            str(COMPAT / "test_tq_metal.cpp"),
-            str(codec),
-            "-o",
-            str(exe),
-            "-pthread",
+            CXX, *CXXFLAGS, "-O2", "-I", str(COMPAT), "-I", str(kernels), "-I", str(base_tree / "ggml/src/ggml-metal"),
+            "-I", str(REPO / "csrc/codec"), str(COMPAT / "test_tq_metal.cpp"), str(codec), "-o", str(exe), "-pthread",
+            *extra,
         ],
         capture_output=True,
         text=True,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return exe
+
+
+@pytest.fixture(scope="module")
+def metal_test_binary(base_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_metal_test(tmp_path_factory.mktemp("metal"), "test_tq_metal", base_tree)
 
 
 def test_metal_kernels_match_the_codec_on_the_cpu(metal_test_binary: Path) -> None:
@@ -137,37 +130,13 @@ def test_metal_kernels_match_the_codec_on_the_cpu(metal_test_binary: Path) -> No
     assert "PASSED: 0 failure(s)" in out
 
 
-def test_a_wrong_kernel_fails_the_cpu_check(tmp_path: Path, metal_test_binary: Path) -> None:
+def test_a_wrong_kernel_fails_the_cpu_check(base_tree: Path, tmp_path: Path) -> None:
     """The check can fail: a copy of tq.metal with the soft binary64's tie rule broken is caught."""
     src = (METAL_SRC / "kernels/tq.metal").read_text()
     broken = src.replace("(rem == half_ && (sticky || (m & 1ul)))", "(rem == half_ && (m & 1ul))", 1)
     assert broken != src
     (tmp_path / "tq.metal").write_text(broken)
-    tree = metal_test_binary.parent / "llama.cpp"
-    codec = metal_test_binary.parent / "tq_codec.o"
-    exe = tmp_path / "test_broken"
-    subprocess.run(
-        [
-            CXX,
-            *CXXFLAGS,
-            "-O2",
-            "-I",
-            str(COMPAT),
-            "-I",
-            str(tmp_path),
-            "-I",
-            str(tree / "ggml/src/ggml-metal"),
-            "-I",
-            str(REPO / "csrc/codec"),
-            str(COMPAT / "test_tq_metal.cpp"),
-            str(codec),
-            "-o",
-            str(exe),
-            "-pthread",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    exe = build_metal_test(tmp_path, "test_broken", base_tree, kernels=tmp_path)
     proc = subprocess.run([str(exe), "1000"], capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "FAIL: soft binary64" in proc.stdout
 
@@ -260,23 +229,11 @@ def test_metal_fa_kernel_matches_ggml_cpu_backend(base_tree: Path, tmp_path: Pat
     import llama_tq
 
     lib = llama_tq.lib_dir()
-    codec = tmp_path / "tq_codec.o"
-    subprocess.run(
-        [CC, "-O2", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)], check=True
-    )
-    exe = tmp_path / "test_tq_metal_ggml"
-    proc = subprocess.run(
-        [
-            CXX, *CXXFLAGS, "-O2", "-DTQ_METAL_WITH_GGML", "-I", str(COMPAT), "-I", str(METAL_SRC / "kernels"),
-            "-I", str(base_tree / "ggml/src/ggml-metal"), "-I", str(REPO / "csrc/codec"),
-            "-I", str(llama_tq.include_dir()),
-            str(COMPAT / "test_tq_metal.cpp"), str(codec), "-L", str(lib), "-lggml-cpu", "-lggml-base", "-lggml",
-            f"-Wl,-rpath,{lib}", "-o", str(exe), "-pthread",
-        ],
-        capture_output=True,
-        text=True,
+    exe = build_metal_test(
+        tmp_path, "test_tq_metal_ggml", base_tree,
+        extra=("-DTQ_METAL_WITH_GGML", "-I", str(llama_tq.include_dir()), "-L", str(lib), "-lggml-cpu", "-lggml-base",
+               "-lggml", f"-Wl,-rpath,{lib}"),
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
     run = subprocess.run([str(exe), "1000"], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
