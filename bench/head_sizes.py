@@ -134,11 +134,11 @@ def main() -> None:
                 stored = for_head(t, head)
                 row: dict[str, object] = {"head": head, "type": t}
                 if t not in ok:
-                    row.update({"supported": "refused at context creation (TQ needs a multiple of 64)"})
+                    row.update({"supported": "refused at context creation (TQ needs a multiple of 64 or 96)"})
                     rows.append(row)
                     continue
                 r = results[f"{t}/{t}"]
-                how = ("64-value blocks (" + stored.name + ")" if stored.block == 64 else
+                how = (f"{stored.block}-value blocks ({stored.name})" if stored.block in (64, 96) else
                        f"{stored.block}-value blocks") if t != "q4_0" else "32-value blocks"  # fmt: skip
                 row.update({"supported": how, "stored": stored.name, "bits": stored.bits,
                             "mse_unit": unit_mse(stored.name, stored.block if t != "q4_0" else 128),

@@ -29,8 +29,8 @@ def test_validate_meets_targets(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "tq3" in out and "tq4" in out and "MSE/4^-b" in out
     rows = json.loads((tmp_path / "v.json").read_text())
-    assert [r["kind"] for r in rows] == ["tq3", "tq4", "tq3_64", "tq4_64"]
-    assert [r["dim"] for r in rows] == [128, 128, 64, 64]
+    assert [r["kind"] for r in rows] == ["tq3", "tq4", "tq3_64", "tq4_64", "tq3_96", "tq4_96"]
+    assert [r["dim"] for r in rows] == [128, 128, 64, 64, 96, 96]
     assert all(r["lower"] < r["mse"] < r["upper"] for r in rows)
 
 
@@ -65,11 +65,22 @@ def header_only_model(path: Path, head: int) -> Path:
 
 
 def test_memory_report_flags_unsupported_head_size(tmp_path: Path) -> None:
-    rep = memory_report(header_only_model(tmp_path / "h96.gguf", 96), n_ctx=1024, quiet=True)
+    # head 160: a multiple of 32 (q8_0's block), not of 64 or 96
+    rep = memory_report(header_only_model(tmp_path / "h160.gguf", 160), n_ctx=1024, quiet=True)
     rows = {r["type"]: r for r in rep["rows"]}
     assert not rows["tq3"]["supported"] and not rows["tq4"]["supported"]
     assert rows["q8_0"]["supported"]
-    assert any("96" in n and "multiple of 64" in n for n in rep["notes"])
+    assert any("160" in n and "multiple of 64 or 96" in n for n in rep["notes"])
+
+
+def test_memory_report_head_96_counts_96_value_blocks(tmp_path: Path) -> None:
+    """Head 96 (Phi-3): tq3/tq4 are stored as tq3_96/tq4_96 (40 / 52 bytes per 96 values), as libllama picks them."""
+    rep = memory_report(header_only_model(tmp_path / "h96.gguf", 96), n_ctx=1024, quiet=True)
+    rows = {r["type"]: r for r in rep["rows"]}
+    assert rows["tq3"]["bytes_per_token"] == 2 * 2 * 2 * 40
+    assert rows["tq4"]["bytes_per_token"] == 2 * 2 * 2 * 52
+    assert rows["q4_0"]["bytes_per_token"] == 2 * 2 * 2 * 54
+    assert any("stored as tq3_96 (96-value blocks)" in n for n in rep["notes"])
 
 
 def test_memory_report_head_64_counts_64_value_blocks(tmp_path: Path) -> None:

@@ -17,12 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_header_is_solver_output() -> None:
     books = header_books()
-    assert [(b.bits, b.dim) for b in books] == [(3, 128), (4, 128), (3, 64), (4, 64)]
+    assert [(b.bits, b.dim) for b in books] == [(3, 128), (4, 128), (3, 64), (4, 64), (3, 96), (4, 96)]
     assert (REPO / "csrc" / "codec" / "tq_codebooks.h").read_text() == render_header(books)
 
 
 def test_codebooks_are_symmetric_and_sorted() -> None:
-    for kind, n in (("tq3", 8), ("tq4", 16), ("tq3_64", 8), ("tq4_64", 16)):
+    for kind, n in (("tq3", 8), ("tq4", 16), ("tq3_64", 8), ("tq4_64", 16), ("tq3_96", 8), ("tq4_96", 16)):
         c = _codec.codebook(kind)
         assert c.shape == (n,)
         assert np.all(np.diff(c) > 0)

@@ -12,8 +12,8 @@ from llama_tq import reference as ref
 
 pytestmark = pytest.mark.unit
 
-KINDS = {"tq3": 3, "tq4": 4, "tq3_64": 3, "tq4_64": 4}
-BLOCKS = {"tq3": 128, "tq4": 128, "tq3_64": 64, "tq4_64": 64}
+KINDS = {"tq3": 3, "tq4": 4, "tq3_64": 3, "tq4_64": 4, "tq3_96": 3, "tq4_96": 4}
+BLOCKS = {"tq3": 128, "tq4": 128, "tq3_64": 64, "tq4_64": 64, "tq3_96": 96, "tq4_96": 96}
 GOLDEN = Path(__file__).with_name("data") / "golden_tq.npz"
 
 
@@ -23,11 +23,17 @@ def test_block_sizes() -> None:
     assert _codec.quantize(x, "tq4").shape == (3, 2 * 68)
     assert _codec.quantize(x, "tq3_64").shape == (3, 4 * 28)
     assert _codec.quantize(x, "tq4_64").shape == (3, 4 * 36)
-    assert _codec.BLOCK_BYTES == {"tq3": 52, "tq4": 68, "tq3_64": 28, "tq4_64": 36}
+    x96 = x[:, :192]
+    assert _codec.quantize(x96, "tq3_96").shape == (3, 2 * 40)  # 3.33 bits per value
+    assert _codec.quantize(x96, "tq4_96").shape == (3, 2 * 52)  # 4.33 bits per value
+    assert _codec.BLOCK_BYTES == {"tq3": 52, "tq4": 68, "tq3_64": 28, "tq4_64": 36, "tq3_96": 40, "tq4_96": 52}
     assert _codec.BLOCK_VALUES == BLOCKS
 
 
-@pytest.mark.parametrize("kind,target", [("tq3", 0.0340), ("tq4", 0.0093), ("tq3_64", 0.0340), ("tq4_64", 0.0093)])
+@pytest.mark.parametrize(
+    "kind,target",
+    [("tq3", 0.0340), ("tq4", 0.0093), ("tq3_64", 0.0340), ("tq4_64", 0.0093), ("tq3_96", 0.0340), ("tq4_96", 0.0093)],
+)
 def test_mse_targets(kind: str, target: float) -> None:
     row = validate.measure(kind, n=10_000, seed=0)
     assert row.mse <= target, f"{kind} MSE {row.mse:.6f} above target {target}"
@@ -48,13 +54,21 @@ def test_rotation_is_orthogonal() -> None:
     y64 = _codec.rotate(x64, block=64)
     np.testing.assert_allclose(y64, x64 @ ref.rotation(1, 64).T, atol=1e-5)
     np.testing.assert_allclose(_codec.unrotate(y64, block=64), x64, atol=1e-6)
-    with pytest.raises(ValueError, match="block must be 128 or 64"):
+    # the 96-value blocks': (Q kron H_32) * D_96 / sqrt(32), every output a mix of all 96 inputs
+    x96 = x[:, :96].copy()
+    y96 = _codec.rotate(x96, block=96)
+    np.testing.assert_allclose(y96, x96 @ ref.rotation(1, 96).T, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(y96, axis=1), np.linalg.norm(x96, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(_codec.unrotate(y96, block=96), x96, atol=1e-6)
+    assert np.all(ref.rotation(1, 96) != 0.0)
+    with pytest.raises(ValueError, match="block must be 128, 64 or 96"):
         _codec.rotate(x, block=32)
 
 
 def test_sign_pattern_matches_documented_derivation() -> None:
     np.testing.assert_array_equal(_codec.signs(), ref.sign_vector(0x5451))
     np.testing.assert_array_equal(_codec.signs(64), ref.sign_vector(ref.SIGN_SEED_64, 64))
+    np.testing.assert_array_equal(_codec.signs(96), ref.sign_vector(ref.SIGN_SEED_96, 96))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -106,13 +120,14 @@ def test_matches_numpy_reference(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_golden_vectors(kind: str) -> None:
     g = np.load(GOLDEN)
-    got = _codec.quantize(g["x"], kind)
+    n = BLOCKS[kind]
+    xg = g["x96"] if n == 96 else g["x"]  # the 96-value kinds: the first 96 values of each row
+    got = _codec.quantize(xg, kind)
     np.testing.assert_array_equal(got, g[kind], err_msg="the bytes of the committed golden blocks changed")
     # the golden bytes decode, under the NumPy reference of the documented layout, to a good reconstruction
-    n = BLOCKS[kind]
     scale, sub, idx = ref.unpack(g[kind].reshape(-1, _codec.BLOCK_BYTES[kind]), KINDS[kind], n)
-    back = ref.dequantize(scale, sub, idx, KINDS[kind], block=n).reshape(g["x"].shape)
-    x = g["x"].astype(np.float64)
+    back = ref.dequantize(scale, sub, idx, KINDS[kind], block=n).reshape(xg.shape)
+    x = xg.astype(np.float64)
     rel = np.sum((back - x) ** 2, axis=1) / np.sum(x * x, axis=1)
     assert np.all(rel < (0.06 if KINDS[kind] == 3 else 0.02))
 
@@ -120,8 +135,8 @@ def test_golden_vectors(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_dot_rotated_equals_dot_of_dequantized(kind: str) -> None:
     rng = np.random.default_rng(4)
-    k = rng.standard_normal(512).astype(np.float32)
-    q = rng.standard_normal(512).astype(np.float32)
+    k = rng.standard_normal(768).astype(np.float32)  # 768: whole blocks of 128, 64 and 96
+    q = rng.standard_normal(768).astype(np.float32)
     blocks = _codec.quantize(k, kind)
     want = float(np.dot(_codec.dequantize(blocks, kind).astype(np.float64), q))
     got = _codec.dot_rotated(blocks, _codec.rotate(q, block=BLOCKS[kind]), kind)
@@ -130,24 +145,25 @@ def test_dot_rotated_equals_dot_of_dequantized(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_edge_cases(kind: str) -> None:
-    zero = np.zeros((1, 128), np.float32)
+    W = 384  # whole blocks of every kind
+    zero = np.zeros((1, W), np.float32)
     out = _codec.dequantize(_codec.quantize(zero, kind), kind)
     assert np.all(out == 0.0) and not np.isnan(out).any()
 
-    tiny = np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32) * np.float32(1e-41)
+    tiny = np.random.default_rng(5).standard_normal((1, W)).astype(np.float32) * np.float32(1e-41)
     back = _codec.dequantize(_codec.quantize(tiny, kind), kind)
     assert np.all(np.isfinite(back))
     b64, t64 = back[0].astype(np.float64) * 1e40, tiny[0].astype(np.float64) * 1e40
     cos = np.dot(b64, t64) / (np.linalg.norm(b64) * np.linalg.norm(t64))
     assert 0.9 < cos <= 1.0 + 1e-9  # the direction survives subnormal input
 
-    huge = np.full((1, 128), 3.0e38, np.float32)
+    huge = np.full((1, W), 3.0e38, np.float32)
     blk = _codec.quantize(huge, kind)
     assert blk[0, :2].view("<u2")[0] == 0x7F7F  # scale saturated at the largest finite bfloat16
     assert np.all(np.isfinite(_codec.dequantize(blk, kind)))
 
     for bad in (np.nan, np.inf, -np.inf):
-        x = np.ones((2, 128), np.float32)
+        x = np.ones((2, W), np.float32)
         x[1, 7] = bad
         dec = _codec.dequantize(_codec.quantize(x, kind), kind)
         n = BLOCKS[kind]  # value 7 lies in the row's first block
@@ -168,12 +184,14 @@ def test_bad_shapes_and_kinds() -> None:
         _codec.quantize(np.zeros((2, 96), np.float32), "tq3_64")
     with pytest.raises(ValueError, match="multiple of 28"):
         _codec.dequantize(np.zeros(30, np.uint8), "tq3_64")
+    with pytest.raises(ValueError, match="multiple of 96"):
+        _codec.quantize(np.zeros((2, 128), np.float32), "tq3_96")
     with pytest.raises(ValueError):
         _codec.rotate(np.zeros(64, np.float32))
 
 
 def test_multidimensional_arrays_keep_their_shape() -> None:
-    x = np.random.default_rng(6).standard_normal((2, 3, 256)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((2, 3, 384)).astype(np.float32)
     for kind in KINDS:
         b = _codec.quantize(x, kind)
         assert b.shape[:2] == (2, 3)

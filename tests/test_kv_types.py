@@ -99,41 +99,44 @@ def synth_model(path: Path, n_embd: int, n_head: int, byte_vocab: bool = False) 
 
 
 def test_unsupported_head_size_fails_cleanly(tmp_path: Path, wiki_head: Path) -> None:
-    """Head size 96: no TQ block fits (128-value blocks need a multiple of 128, 64-value blocks of 64), so context
-    creation fails with a message naming the head size, with and without flash attention, and nothing aborts."""
-    model = synth_model(tmp_path / "h96.gguf", n_embd=384, n_head=4)
+    """Head size 80: no TQ block fits (128-value blocks need a multiple of 128, 64- and 96-value blocks of 64 or 96),
+    so context creation fails with a message naming the head size, with and without flash attention, and nothing
+    aborts."""
+    model = synth_model(tmp_path / "h80.gguf", n_embd=320, n_head=4)
     cases = [("on", ["-ctk", "tq3"]), ("off", ["-ctk", "tq3"]), ("on", ["-ctk", "f16", "-ctv", "tq4"])]
     for fa, flags in cases:
         proc = run(["llama-perplexity", "-m", str(model), "-f", str(wiki_head), "-c", "128", "-fa", fa, *flags])
         text = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        assert re.search(r"cache type tq[34] does not support head size 96", text), (
+        assert re.search(r"cache type tq[34] does not support head size 80", text), (
             f"rc={proc.returncode}: {text[-2000:]}"
         )
-        assert "multiple of 64" in text
+        assert "multiple of 64 or 96" in text
         assert "GGML_ASSERT" not in text and "Aborted" not in text
 
 
-@pytest.mark.parametrize(("head", "kind"), [(64, "tq3"), (64, "tq4"), (192, "tq3")])
-def test_heads_of_64_use_64_value_blocks(tmp_path: Path, wiki_head: Path, head: int, kind: str) -> None:
+@pytest.mark.parametrize(("head", "kind"), [(64, "tq3"), (64, "tq4"), (192, "tq3"), (96, "tq3"), (96, "tq4")])
+def test_heads_of_64_or_96_use_their_blocks(tmp_path: Path, wiki_head: Path, head: int, kind: str) -> None:
     """Heads of 64 and 192 (multiples of 64, not of 128): -ctk/-ctv tq3|tq4 store 64-value blocks (tq3_64 28 B,
-    tq4_64 36 B), the KV size lines equal that layout, and the model runs through flash attention (rotated-domain K
-    dot and V sum) and -fa off (K*Q as a MUL_MAT) with a PPL close to the f16 cache's (random weights, byte
-    vocabulary: the numbers only compare caches)."""
+    tq4_64 36 B); heads of 96 (Phi-3) 96-value blocks (tq3_96 40 B, tq4_96 52 B). The KV size lines equal that
+    layout, and the model runs through flash attention (rotated-domain K dot and V sum) and -fa off (K*Q as a
+    MUL_MAT) with a PPL close to the f16 cache's (random weights, byte vocabulary: the numbers only compare caches)."""
     model = synth_model(tmp_path / f"h{head}.gguf", n_embd=2 * head, n_head=2, byte_vocab=True)
-    stored = f"{kind}_64"
+    block = 64 if head % 64 == 0 else 96
+    stored = f"{kind}_{block}"
     ppl_f16, _ = perplexity(model, wiki_head, "f16", "f16")
     for fa, ctv in (("on", kind), ("off", "f16")):
         ppl, log = perplexity(model, wiki_head, kind, ctv, fa=fa)
-        assert f"K cache type {kind} uses 64-value blocks ({stored}" in log, log[-3000:]
+        assert f"K cache type {kind} uses {block}-value blocks ({stored}" in log, log[-3000:]
         assert math.isfinite(ppl) and ppl < ppl_f16 * 1.05, (fa, ppl, ppl_f16)
-        # upstream's attention rotation stays off on the 64-value sides (a 64-point Hadamard: measured no gain)
+        # upstream's attention rotation stays off on these sides (64: a 64-point Hadamard, measured no gain; 96: none)
         assert re.findall(r"attn_rot_k = (\d)", log) == ["0"], log[-3000:]
         m = re.search(r"size = +[0-9.]+ MiB \( *(\d+) cells, +(\d+) layers.*?K \((\w+)\): +([0-9.]+) MiB", log)
         assert m, log[-3000:]
         cells, layers, tk, k_mib = m.groups()
         row = for_head(kind, head).row_bytes(head)
-        assert tk == stored and row == head // 64 * (28 if kind == "tq3" else 36)
+        per_block = {64: {"tq3": 28, "tq4": 36}, 96: {"tq3": 40, "tq4": 52}}[block][kind]
+        assert tk == stored and row == head // block * per_block
         assert k_mib == f"{int(cells) * int(layers) * 2 * row / 2**20:.2f}"  # 2 KV heads
 
 

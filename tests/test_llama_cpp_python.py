@@ -65,17 +65,18 @@ def test_tq_cache_state_round_trips_bit_exactly(binding: None) -> None:
     assert size_tq3 < size_tq4 < size_f16  # the state carries the TQ blocks, not f16
 
 
-def test_64_value_block_state_round_trips(binding: None, tmp_path: Path) -> None:
-    """Head 64: type_k/type_v = GGML_TYPE_TQ3 store 64-value blocks (libllama picks tq3_64); the state holds them and
-    restores bit-exactly, at 28/128 of f16's KV bytes."""
+@pytest.mark.parametrize("head", [64, 96])
+def test_64_and_96_value_block_states_round_trip(binding: None, tmp_path: Path, head: int) -> None:
+    """Heads 64 and 96: type_k/type_v = GGML_TYPE_TQ3 store 64- or 96-value blocks (libllama picks tq3_64 / tq3_96);
+    the state holds them and restores bit-exactly, at 28/128 (40/192) of f16's KV bytes."""
     import llama_tq
 
-    model = write_synth_model(tmp_path / "h64.gguf", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
-                              n_vocab=512, n_ctx=1024, byte_vocab=True)  # fmt: skip
+    model = write_synth_model(tmp_path / f"h{head}.gguf", n_layer=2, n_embd=4 * head, n_head=4, n_head_kv=2,
+                              n_ff=512, n_vocab=512, n_ctx=1024, byte_vocab=True)  # fmt: skip
     size_f16, same_f16, logits_f16 = state_of(1, 1, model)
     size_tq3, same_tq3, logits_tq3 = state_of(llama_tq.GGML_TYPE_TQ3, llama_tq.GGML_TYPE_TQ3, model)
     assert same_f16 and same_tq3 and logits_f16 and logits_tq3
-    assert size_tq3 < size_f16 / 3  # 28-byte blocks per 64 values instead of 128 bytes of f16
+    assert size_tq3 < size_f16 / 3  # the TQ blocks (28 B per 64 values, 40 B per 96), not f16's 2 B per value
 
 
 SEQ_SCRIPT = textwrap.dedent(

@@ -9,9 +9,12 @@
 
 const uint32_t TQ_SIGNS[4] = {0x76bcc29au, 0xec660926u, 0xfdbbf446u, 0x70d451fcu};
 const uint32_t TQ_SIGNS_64[2] = {0x31de3918u, 0x1ab9667fu};
+const uint32_t TQ_SIGNS_96[3] = {0xee925594u, 0x732130adu, 0xd04c4e8bu};
 
-/* One block format: 128-value blocks (TQ3/TQ4) or 64-value blocks (TQ3_64/TQ4_64). Both have the 4-byte header
- * and 4 sub-blocks (of n/4 values); they differ in the rotation size, its signs and the codebook's law. */
+/* One block format: 128-value blocks (TQ3/TQ4), 64-value blocks (TQ3_64/TQ4_64) or 96-value blocks
+ * (TQ3_96/TQ4_96). All have the 4-byte header and 4 sub-blocks (of n/4 values); they differ in the rotation, its
+ * signs and the codebook's law. The rotation is a Walsh-Hadamard transform of n values, or for n = 96 three
+ * 32-point transforms mixed by the 3x3 orthogonal matrix (1/3)[1 2 2; 2 1 -2; 2 -2 1] (tq_mix3). */
 typedef struct {
     int bits;
     int n;
@@ -19,15 +22,22 @@ typedef struct {
     const float *cent;
     const float *bounds;
     const uint32_t *signs;
-    float wht_norm; /* 1/sqrt(n) */
+    float wht_norm; /* 1/sqrt(n) (n = 96: 1/(3 sqrt(32)), the mix's 1/3 included) */
+    int wht_n;      /* size of each Walsh-Hadamard transform: n, or 32 for n = 96 */
 } tq_fmt;
 
-static const tq_fmt TQ_FMT3 = {3, TQ_BLOCK, TQ3_BLOCK_BYTES, TQ3_CENTROIDS, TQ3_BOUNDARIES, TQ_SIGNS, TQ_WHT_NORM};
-static const tq_fmt TQ_FMT4 = {4, TQ_BLOCK, TQ4_BLOCK_BYTES, TQ4_CENTROIDS, TQ4_BOUNDARIES, TQ_SIGNS, TQ_WHT_NORM};
-static const tq_fmt TQ_FMT3_64 = {3,           TQ_BLOCK_64,     TQ3_64_BLOCK_BYTES, TQ3_64_CENTROIDS,
-                                  TQ3_64_BOUNDARIES, TQ_SIGNS_64, TQ_WHT_NORM_64};
-static const tq_fmt TQ_FMT4_64 = {4,           TQ_BLOCK_64,     TQ4_64_BLOCK_BYTES, TQ4_64_CENTROIDS,
-                                  TQ4_64_BOUNDARIES, TQ_SIGNS_64, TQ_WHT_NORM_64};
+static const tq_fmt TQ_FMT3 = {3,        TQ_BLOCK,    TQ3_BLOCK_BYTES, TQ3_CENTROIDS, TQ3_BOUNDARIES,
+                               TQ_SIGNS, TQ_WHT_NORM, TQ_BLOCK};
+static const tq_fmt TQ_FMT4 = {4,        TQ_BLOCK,    TQ4_BLOCK_BYTES, TQ4_CENTROIDS, TQ4_BOUNDARIES,
+                               TQ_SIGNS, TQ_WHT_NORM, TQ_BLOCK};
+static const tq_fmt TQ_FMT3_64 = {3,           TQ_BLOCK_64,    TQ3_64_BLOCK_BYTES, TQ3_64_CENTROIDS,
+                                  TQ3_64_BOUNDARIES, TQ_SIGNS_64, TQ_WHT_NORM_64, TQ_BLOCK_64};
+static const tq_fmt TQ_FMT4_64 = {4,           TQ_BLOCK_64,    TQ4_64_BLOCK_BYTES, TQ4_64_CENTROIDS,
+                                  TQ4_64_BOUNDARIES, TQ_SIGNS_64, TQ_WHT_NORM_64, TQ_BLOCK_64};
+static const tq_fmt TQ_FMT3_96 = {3,           TQ_BLOCK_96,    TQ3_96_BLOCK_BYTES, TQ3_96_CENTROIDS,
+                                  TQ3_96_BOUNDARIES, TQ_SIGNS_96, TQ_WHT_NORM_96, 32};
+static const tq_fmt TQ_FMT4_96 = {4,           TQ_BLOCK_96,    TQ4_96_BLOCK_BYTES, TQ4_96_CENTROIDS,
+                                  TQ4_96_BOUNDARIES, TQ_SIGNS_96, TQ_WHT_NORM_96, 32};
 
 static const tq_fmt *tq_fmt_of(int bits, int n) {
     if (n == TQ_BLOCK) {
@@ -35,6 +45,9 @@ static const tq_fmt *tq_fmt_of(int bits, int n) {
     }
     if (n == TQ_BLOCK_64) {
         return bits == 3 ? &TQ_FMT3_64 : bits == 4 ? &TQ_FMT4_64 : NULL;
+    }
+    if (n == TQ_BLOCK_96) {
+        return bits == 3 ? &TQ_FMT3_96 : bits == 4 ? &TQ_FMT4_96 : NULL;
     }
     return NULL;
 }
@@ -72,11 +85,36 @@ static void tq_fwht(float *v, int n) {
     }
 }
 
+/* The 96-point rotation's mix across the three 32-value thirds, unnormalized: 3Q = [1 2 2; 2 1 -2; 2 -2 1], each
+ * coordinate b of the thirds in this evaluation order (the doublings are exact). 3Q is symmetric and (3Q)^2 = 9I,
+ * so the same mix, after the same transforms, undoes it. */
+static void tq_mix3(float *v) {
+    for (int b = 0; b < 32; ++b) {
+        const float u0 = v[b];
+        const float u1 = v[b + 32];
+        const float u2 = v[b + 64];
+        v[b] = (u0 + 2.0f * u1) + 2.0f * u2;
+        v[b + 32] = (2.0f * u0 + u1) - 2.0f * u2;
+        v[b + 64] = (2.0f * u0 - 2.0f * u1) + u2;
+    }
+}
+
+/* The unnormalized transform of a format: one Walsh-Hadamard transform of n values, or for n = 96 a 32-point one
+ * on each third, then the mix. */
+static void tq_transform(const tq_fmt *f, float *v) {
+    for (int o = 0; o < f->n; o += f->wht_n) {
+        tq_fwht(v + o, f->wht_n);
+    }
+    if (f->wht_n != f->n) {
+        tq_mix3(v);
+    }
+}
+
 static void tq_rotate_fmt(const tq_fmt *f, const float *x, float *y) {
     for (int i = 0; i < f->n; ++i) {
         y[i] = x[i] * tq_sign(f->signs, i);
     }
-    tq_fwht(y, f->n);
+    tq_transform(f, y);
     for (int i = 0; i < f->n; ++i) {
         y[i] *= f->wht_norm;
     }
@@ -86,7 +124,7 @@ static void tq_unrotate_fmt(const tq_fmt *f, const float *y, float *x) {
     if (x != y) {
         memcpy(x, y, (size_t)f->n * sizeof(float));
     }
-    tq_fwht(x, f->n);
+    tq_transform(f, x);
     for (int i = 0; i < f->n; ++i) {
         x[i] *= f->wht_norm * tq_sign(f->signs, i);
     }
@@ -511,4 +549,39 @@ size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per
 size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
     return quantize_rows_64(4, src, dst, nrows, n_per_row);
+}
+
+/* ggml-style entry points of the 96-value blocks (row length k, a multiple of 96). */
+void tq_rotate_row_96(const float *x, void *y, int64_t k) {
+    for (int64_t b = 0; b < k / TQ_BLOCK_96; ++b) {
+        tq_rotate_fmt(&TQ_FMT3_96, x + b * TQ_BLOCK_96, (float *)y + b * TQ_BLOCK_96);
+    }
+}
+
+void tq_unrotate_row_96(const void *y, float *x, int64_t k) {
+    for (int64_t b = 0; b < k / TQ_BLOCK_96; ++b) {
+        tq_unrotate_fmt(&TQ_FMT3_96, (const float *)y + b * TQ_BLOCK_96, x + b * TQ_BLOCK_96);
+    }
+}
+
+void tq3_96_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_96, x, dst, k); }
+void tq4_96_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_96, x, dst, k); }
+void tq3_96_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(3, TQ_BLOCK_96, src, y, k); }
+void tq4_96_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(4, TQ_BLOCK_96, src, y, k); }
+
+static size_t quantize_rows_96(int bits, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
+    if (n_per_row % TQ_BLOCK_96 != 0 || tq_quantize_row_n(bits, TQ_BLOCK_96, src, dst, nrows * n_per_row) != 0) {
+        return 0;
+    }
+    return (size_t)(nrows * (n_per_row / TQ_BLOCK_96)) * tq_block_bytes_n(bits, TQ_BLOCK_96);
+}
+
+size_t quantize_tq3_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    return quantize_rows_96(3, src, dst, nrows, n_per_row);
+}
+
+size_t quantize_tq4_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    return quantize_rows_96(4, src, dst, nrows, n_per_row);
 }

@@ -34,6 +34,15 @@
  *   block_tq3_64, 28 bytes: [0..3] header; [4..27] 8 groups of 3 bytes, as tq3.
  *   block_tq4_64, 36 bytes: [0..3] header; [4..35] 32 bytes; byte j holds index j (low nibble) and j + 32.
  *
+ * 96-value blocks (TQ3_96 / TQ4_96: heads of 96, 288, ...: Phi-3): the same algorithm on 96 values; the rotation
+ * is y = M D x with D = diag(+-1) from TQ_SIGNS_96 and M = (Q (x) H_32) / sqrt(32), Q = (1/3)[1 2 2; 2 1 -2; 2 -2 1]
+ * (symmetric orthogonal, no zero entry, so every output mixes all 96 inputs): a 32-point Walsh-Hadamard transform of
+ * each third, then coordinate b of the thirds mixed by 3Q (tq_codec.c's evaluation order), then 1/(3 sqrt(32)).
+ * Codebooks of the d = 96 law; sub-blocks of 24 values.
+ *   block_tq3_96, 40 bytes: [0..3] header; [4..39] 12 groups of 3 bytes, as tq3 (3.33 bits per value).
+ *   block_tq4_96, 52 bytes: [0..3] header; [4..51] 48 bytes; byte j holds index j (low nibble) and j + 48
+ *                           (4.33 bits per value).
+ *
  * Edge cases (all tested):
  *   - all-zero block -> s = 0, decodes to exact zeros;
  *   - any NaN or Inf in the block -> s = NaN, indices 0: the whole block decodes to NaN ("poisoned"),
@@ -59,6 +68,10 @@ extern "C" {
 #define TQ3_64_BLOCK_BYTES 28
 #define TQ4_64_BLOCK_BYTES 36
 
+#define TQ_BLOCK_96 96
+#define TQ3_96_BLOCK_BYTES 40
+#define TQ4_96_BLOCK_BYTES 52
+
 #define TQ_SUBBLOCK 32
 #define TQ_HEADER_BYTES 4
 /* 32-bit words per block (CUDA kernels load blocks as words) */
@@ -67,6 +80,8 @@ extern "C" {
 /* 1/sqrt(128): makes the Walsh-Hadamard matrix H orthonormal */
 #define TQ_WHT_NORM 0.08838834764831845f
 #define TQ_WHT_NORM_64 0.125f
+/* 1/(3 sqrt(32)): the 96-point rotation's 32-point Hadamard and 3-point mix made orthonormal */
+#define TQ_WHT_NORM_96 0.05892556509887896f
 /* the largest finite bfloat16 (0x7f7f): scales are clamped to it so rounding never produces Inf */
 #define TQ_BF16_MAX 3.38953139e38f
 
@@ -87,6 +102,8 @@ typedef struct {
 extern const uint32_t TQ_SIGNS[4];
 /* The 64-point rotation's signs: the first output of splitmix64 seeded with 0x5464 (low word first). */
 extern const uint32_t TQ_SIGNS_64[2];
+/* The 96-point rotation's signs: the first 96 bits of splitmix64 seeded with 0x5496 (low word first). */
+extern const uint32_t TQ_SIGNS_96[3];
 
 /* Bytes per block for bits = 3 or 4, 0 for anything else. */
 size_t tq_block_bytes(int bits);
@@ -147,7 +164,7 @@ void tq4_dequantize_row(const void *src, float *y, int64_t k);
 size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 
-/* Any block format: n = TQ_BLOCK (128, the functions above) or TQ_BLOCK_64. Invalid bits / n / length: 0 bytes,
+/* Any block format: n = TQ_BLOCK (128, the functions above), TQ_BLOCK_64 or TQ_BLOCK_96. Invalid bits / n / length: 0 bytes,
  * NULL, -1 or NaN, nothing written. */
 size_t tq_block_bytes_n(int bits, int n);
 const float *tq_centroids_n(int bits, int n);
@@ -173,6 +190,17 @@ void tq3_64_dequantize_row(const void *src, float *y, int64_t k);
 void tq4_64_dequantize_row(const void *src, float *y, int64_t k);
 size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+
+/* ggml-style entry points of the 96-value blocks (row length k, a multiple of 96): GGML_TYPE_TQ3_96 / TQ4_96 and
+ * their rotated-query helper type. */
+void tq_rotate_row_96(const float *x, void *y, int64_t k);
+void tq_unrotate_row_96(const void *y, float *x, int64_t k);
+void tq3_96_quantize_row(const float *x, void *dst, int64_t k);
+void tq4_96_quantize_row(const float *x, void *dst, int64_t k);
+void tq3_96_dequantize_row(const void *src, float *y, int64_t k);
+void tq4_96_dequantize_row(const void *src, float *y, int64_t k);
+size_t quantize_tq3_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+size_t quantize_tq4_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 
 #ifdef __cplusplus
 }

@@ -13,8 +13,8 @@ namespace {
 using f32_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using u8_array = py::array_t<uint8_t, py::array::c_style>;
 
-// A block format: "tq3"/"tq4" (128 values a block) or "tq3_64"/"tq4_64" (64 values, for heads that are not a
-// multiple of 128).
+// A block format: "tq3"/"tq4" (128 values a block), "tq3_64"/"tq4_64" (64 values) or "tq3_96"/"tq4_96" (96 values),
+// the last two for heads that are not a multiple of 128.
 struct Kind {
     int bits;
     int n;
@@ -24,16 +24,17 @@ struct Kind {
 Kind kind_of(const std::string & kind) {
     const int bits = kind.rfind("tq3", 0) == 0 ? 3 : kind.rfind("tq4", 0) == 0 ? 4 : 0;
     const std::string tail = kind.size() > 3 ? kind.substr(3) : "";
-    const int n = tail.empty() ? TQ_BLOCK : tail == "_64" ? TQ_BLOCK_64 : 0;
+    const int n = tail.empty() ? TQ_BLOCK : tail == "_64" ? TQ_BLOCK_64 : tail == "_96" ? TQ_BLOCK_96 : 0;
     if (bits == 0 || n == 0) {
-        throw py::value_error("unknown TurboQuant kind '" + kind + "': expected 'tq3', 'tq4', 'tq3_64' or 'tq4_64'");
+        throw py::value_error("unknown TurboQuant kind '" + kind +
+                              "': expected 'tq3', 'tq4', 'tq3_64', 'tq4_64', 'tq3_96' or 'tq4_96'");
     }
     return {bits, n, (py::ssize_t) tq_block_bytes_n(bits, n)};
 }
 
 int block_values(int block) {
-    if (block != TQ_BLOCK && block != TQ_BLOCK_64) {
-        throw py::value_error("block must be 128 or 64, not " + std::to_string(block));
+    if (block != TQ_BLOCK && block != TQ_BLOCK_64 && block != TQ_BLOCK_96) {
+        throw py::value_error("block must be 128, 64 or 96, not " + std::to_string(block));
     }
     return block;
 }
@@ -118,7 +119,7 @@ py::array subscales() {
 
 py::array signs(int block) {
     const int n = block_values(block);
-    const uint32_t * words = n == TQ_BLOCK ? TQ_SIGNS : TQ_SIGNS_64;
+    const uint32_t * words = n == TQ_BLOCK ? TQ_SIGNS : n == TQ_BLOCK_64 ? TQ_SIGNS_64 : TQ_SIGNS_96;
     f32_array out(n);
     for (int i = 0; i < n; ++i) {
         out.mutable_data()[i] = (words[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
@@ -158,22 +159,26 @@ PYBIND11_MODULE(_codec, m) {
     m.doc() = "TurboQuant TQ3/TQ4 codec (C implementation in csrc/codec/tq_codec.c)";
     m.attr("BLOCK") = TQ_BLOCK;
     m.attr("BLOCK_VALUES") = py::dict(py::arg("tq3") = TQ_BLOCK, py::arg("tq4") = TQ_BLOCK,
-                                      py::arg("tq3_64") = TQ_BLOCK_64, py::arg("tq4_64") = TQ_BLOCK_64);
+                                      py::arg("tq3_64") = TQ_BLOCK_64, py::arg("tq4_64") = TQ_BLOCK_64,
+                                      py::arg("tq3_96") = TQ_BLOCK_96, py::arg("tq4_96") = TQ_BLOCK_96);
     m.attr("BLOCK_BYTES") = py::dict(py::arg("tq3") = TQ3_BLOCK_BYTES, py::arg("tq4") = TQ4_BLOCK_BYTES,
-                                     py::arg("tq3_64") = TQ3_64_BLOCK_BYTES, py::arg("tq4_64") = TQ4_64_BLOCK_BYTES);
+                                     py::arg("tq3_64") = TQ3_64_BLOCK_BYTES, py::arg("tq4_64") = TQ4_64_BLOCK_BYTES,
+                                     py::arg("tq3_96") = TQ3_96_BLOCK_BYTES, py::arg("tq4_96") = TQ4_96_BLOCK_BYTES);
     m.def("quantize", &quantize, py::arg("x"), py::arg("kind"),
-          "Quantize float32 values (last axis a multiple of the kind's block: 128, or 64 for tq3_64/tq4_64) "
+          "Quantize float32 values (last axis a multiple of the kind's block: 128, 64 for tq3_64/tq4_64, 96 for "
+          "tq3_96/tq4_96) "
           "into uint8 blocks.");
     m.def("dequantize", &dequantize, py::arg("blocks"), py::arg("kind"),
           "Decode uint8 blocks (last axis a multiple of the block size) into float32 values.");
     m.def("rotate", &per_block<tq_rotate_n>, py::arg("x"), py::arg("block") = TQ_BLOCK,
-          "Randomized Walsh-Hadamard rotation of each block (128 values, or 64).");
+          "Randomized Walsh-Hadamard rotation of each block (128 values, 64, or 96: three 32-point transforms "
+          "mixed by a 3x3 orthogonal matrix).");
     m.def("unrotate", &per_block<tq_unrotate_n>, py::arg("y"), py::arg("block") = TQ_BLOCK, "Inverse of rotate().");
     m.def("dot_rotated", &dot_rotated, py::arg("blocks"), py::arg("q_rot"), py::arg("kind"),
           "Dot product of one quantized row with a query already rotated block by block.");
     m.def("codebook", &codebook, py::arg("kind"), "The Lloyd-Max centroids (ascending).");
     m.def("subscales", &subscales, "The 16 sub-block scale multipliers.");
-    m.def("signs", &signs, py::arg("block") = TQ_BLOCK, "The fixed +-1 sign pattern D of the rotation (128 or 64).");
+    m.def("signs", &signs, py::arg("block") = TQ_BLOCK, "The fixed +-1 sign pattern D of the rotation (128, 64 or 96).");
     m.def("pack_indices", &pack_indices, py::arg("idx"), py::arg("kind"));
     m.def("unpack_indices", &unpack_indices, py::arg("block"), py::arg("kind"));
 }

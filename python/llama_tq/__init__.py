@@ -22,8 +22,10 @@ _CODEC_NAMES = {"quantize", "dequantize", "rotate", "unrotate", "codebook", "sig
 __all__ = [
     "GGML_TYPE_TQ3",
     "GGML_TYPE_TQ3_64",
+    "GGML_TYPE_TQ3_96",
     "GGML_TYPE_TQ4",
     "GGML_TYPE_TQ4_64",
+    "GGML_TYPE_TQ4_96",
     "LlamaTqError",
     "bin_dir",
     "include_dir",
@@ -43,9 +45,9 @@ def __getattr__(name: str) -> Any:
         from . import _codec
 
         return getattr(_codec, name)
-    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64"):  # the library's ids
-        from . import binding
+    from . import binding
 
+    if name in binding.TQ_TYPE_NAMES:  # the library's ids
         return getattr(binding, name)
     if name == "validate":
         from .validate import validate

@@ -125,9 +125,13 @@ def triatt_stats(llm_or_ctx: object) -> tuple[int, int]:
     return int(lib.llama_triatt_n_rounds(ctx)), int(lib.llama_triatt_n_evicted(ctx))
 
 
+TQ_TYPE_NAMES = ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64", "GGML_TYPE_TQ3_96",
+                 "GGML_TYPE_TQ4_96")  # fmt: skip
+
+
 def __getattr__(name: str) -> int:
-    """GGML_TYPE_TQ3 / GGML_TYPE_TQ4 (and the 64-value GGML_TYPE_TQ3_64 / TQ4_64, which libllama also picks by
-    itself for heads that need them): the library's own ids for the TQ types."""
-    if name in ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64"):
+    """GGML_TYPE_TQ3 / GGML_TYPE_TQ4 (and the 64- and 96-value GGML_TYPE_TQ3_64 / TQ4_64 / TQ3_96 / TQ4_96, which
+    libllama also picks by itself for heads that need them): the library's own ids for the TQ types."""
+    if name in TQ_TYPE_NAMES:
         return ggml_type_id(name.removeprefix("GGML_TYPE_").lower())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

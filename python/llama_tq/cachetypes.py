@@ -17,7 +17,8 @@ _Q = gguf.GGMLQuantizationType
 # upstream's kv_cache_types (common/arg.cpp), in its order
 _UPSTREAM = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0, "q4_0": _Q.Q4_0, "q4_1": _Q.Q4_1,
              "iq4_nl": _Q.IQ4_NL, "q5_0": _Q.Q5_0, "q5_1": _Q.Q5_1}  # fmt: skip
-TQ_TYPES = ("tq3", "tq4", "tq3_64", "tq4_64")  # the _64 variants: 64-value blocks, picked for heads that need them
+# the _64 / _96 variants: 64- and 96-value blocks, picked for heads that need them
+TQ_TYPES = ("tq3", "tq4", "tq3_64", "tq4_64", "tq3_96", "tq4_96")
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,13 @@ def cache_type(name: str) -> CacheType:
 
 def for_head(name: str, head: int) -> CacheType:
     """The type llama.cpp stores for a head size: tq3/tq4 switch to their 64-value blocks (tq3_64/tq4_64) where the
-    head is a multiple of 64 but not of 128, as libllama does at context creation (llama-tq-types.h)."""
-    if name in ("tq3", "tq4") and head % 128 and head % 64 == 0:
-        name = f"{name}_64"
+    head is a multiple of 64 but not of 128, to their 96-value blocks (tq3_96/tq4_96) where it is a multiple of 96
+    only, as libllama does at context creation (llama-tq-types.h)."""
+    if name in ("tq3", "tq4") and head % 128:
+        if head % 64 == 0:
+            name = f"{name}_64"
+        elif head % 96 == 0:
+            name = f"{name}_96"
     return cache_type(name)
 
 

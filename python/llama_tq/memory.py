@@ -71,15 +71,16 @@ def memory_report(gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512,
         k = row_bytes(kind, p.head_k)
         v = row_bytes(kind, p.head_v)
         if k is None or v is None:
-            need = "64 (TQ blocks of 128 or 64 values)" if is_tq(kind) else str(cache_type(kind).block)
+            need = "64 or 96 (TQ blocks of 128, 64 or 96 values)" if is_tq(kind) else str(cache_type(kind).block)
             notes.append(f"{kind}: head size K={p.head_k}/V={p.head_v} is not a multiple of {need}: unsupported")
             rows.append({"type": kind, "supported": False})
             continue
-        stored = sorted({for_head(kind, p.head_k).name, for_head(kind, p.head_v).name})
+        types = {for_head(kind, p.head_k), for_head(kind, p.head_v)}
+        stored = sorted(t.name for t in types)
         if stored != [kind]:
-            notes.append(
-                f"{kind}: stored as {'/'.join(stored)} (64-value blocks) for head size K={p.head_k}/V={p.head_v}"
-            )
+            blocks = "/".join(sorted({f"{t.block}-value" for t in types}))
+            heads = f"K={p.head_k}/V={p.head_v}"
+            notes.append(f"{kind}: stored as {'/'.join(stored)} ({blocks} blocks) for head size {heads}")
         per_layer = [(k + v) * h for h in p.n_head_kv]
         per_token = int(np.sum(per_layer))
         cells = [min(n_ctx, p.sliding_window + n_ubatch) if p.is_swa(i) else n_ctx for i in range(p.n_layer)]

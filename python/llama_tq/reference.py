@@ -29,7 +29,7 @@ def splitmix64(seed: int, n: int) -> list[int]:
 
 def sign_vector(seed: int = 0x5451, block: int = BLOCK) -> np.ndarray:
     bits = 0
-    for k, word in enumerate(splitmix64(seed, block // 64)):
+    for k, word in enumerate(splitmix64(seed, -(-block // 64))):
         bits |= word << (64 * k)
     return np.array([-1.0 if (bits >> i) & 1 else 1.0 for i in range(block)])
 
@@ -48,13 +48,19 @@ _BOOKS = {3: solve(3), 4: solve(4)}
 # 64-value blocks (tq3_64 / tq4_64): their own rotation (signs from seed 0x5464) and the d = 64 codebooks
 SIGN_SEED_64 = 0x5464
 _BOOKS_64 = {3: solve(3, dim=64), 4: solve(4, dim=64)}
+# 96-value blocks (tq3_96 / tq4_96): (Q kron H_32) D with the 3x3 orthogonal Q below, signs from seed 0x5496
+SIGN_SEED_96 = 0x5496
+MIX3 = np.array([[1.0, 2.0, 2.0], [2.0, 1.0, -2.0], [2.0, -2.0, 1.0]]) / 3.0
+_BOOKS_96 = {3: solve(3, dim=96), 4: solve(4, dim=96)}
 
 
 def book(bits: int, block: int = BLOCK) -> Codebook:
-    return _BOOKS[bits] if block == BLOCK else _BOOKS_64[bits]
+    return {BLOCK: _BOOKS, 64: _BOOKS_64, 96: _BOOKS_96}[block][bits]
 
 
 def rotation(rounds: int = 1, block: int = BLOCK) -> np.ndarray:
+    if block == 96:
+        return np.kron(MIX3, hadamard(32)) @ np.diag(sign_vector(SIGN_SEED_96, 96))
     if block != BLOCK:
         return hadamard(block) @ np.diag(sign_vector(SIGN_SEED_64, block))
     r = H @ np.diag(D1)

@@ -9,15 +9,18 @@
 #include "ggml-tq-cpu.h"
 #include "tq_codec.h"
 
+typedef void (*from_float_fn)(const float *x, void *y, int64_t k);
+typedef void (*vec_dot_fn)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+
 static float frand(unsigned *s) {
     *s = *s * 1664525u + 1013904223u;
     return (float)(*s >> 8) / 16777216.0f - 0.5f;
 }
 
 int main(void) {
-    enum { N = 1024, ROWS = 400 };
-    static float x[N], q[N], qrot[N], vr[N], vref[N];
-    static uint8_t a[N / TQ_BLOCK_64 * TQ4_64_BLOCK_BYTES], b[N / TQ_BLOCK_64 * TQ4_64_BLOCK_BYTES];
+    enum { N = 1024, N96 = 1152, ROWS = 400 }; /* N96: whole blocks of 96 */
+    static float x[N96], q[N96], qrot[N96], vr[N96], vref[N96];
+    static uint8_t a[N96 / TQ_BLOCK_64 * TQ4_64_BLOCK_BYTES], b[N96 / TQ_BLOCK_64 * TQ4_64_BLOCK_BYTES];
     unsigned seed = 99;
     int failures = 0;
     printf("isa %s\n", ggml_tq_cpu_isa());
@@ -58,40 +61,49 @@ int main(void) {
         failures += mismatched_rows != 0;
         failures += worst > 1e-4;
     }
-    /* the 64-value blocks: the codec's bytes (the CPU quantizer is the codec), SIMD dot and V rows vs the codec */
-    for (int bits = 3; bits <= 4; ++bits) {
-        const int n64 = TQ_BLOCK_64;
-        const size_t nbytes = N / n64 * tq_block_bytes_n(bits, n64);
+    /* the 64- and 96-value blocks: the codec's bytes (the CPU quantizer is the codec), SIMD dot and V rows vs the
+     * codec */
+    for (int fmt = 0; fmt < 4; ++fmt) {
+        const int bits = 3 + (fmt & 1);
+        const int nb = fmt < 2 ? TQ_BLOCK_64 : TQ_BLOCK_96;
+        const int len = nb == TQ_BLOCK_64 ? N : N96;
+        const size_t nbytes = len / nb * tq_block_bytes_n(bits, nb);
+        from_float_fn from_float = nb == TQ_BLOCK_64 ? (bits == 3 ? ggml_tq3_64_from_float : ggml_tq4_64_from_float)
+                                                         : (bits == 3 ? ggml_tq3_96_from_float : ggml_tq4_96_from_float);
+        vec_dot_fn vec_dot = nb == TQ_BLOCK_64 ? (bits == 3 ? ggml_vec_dot_tq3_64_qrot : ggml_vec_dot_tq4_64_qrot)
+                                                   : (bits == 3 ? ggml_vec_dot_tq3_96_qrot : ggml_vec_dot_tq4_96_qrot);
+        const enum ggml_type type = nb == TQ_BLOCK_64 ? (bits == 3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64)
+                                                      : (bits == 3 ? GGML_TYPE_TQ3_96 : GGML_TYPE_TQ4_96);
         int mismatched_rows = 0;
         double worst = 0;
         for (int r = 0; r < ROWS; ++r) {
             const float scale = (r % 7 == 0) ? 1e-3f : (r % 5 == 0 ? 300.0f : 1.0f);
-            for (int i = 0; i < N; ++i) {
+            for (int i = 0; i < len; ++i) {
                 x[i] = scale * (frand(&seed) + (i % 37 == 0 ? 4.0f * frand(&seed) : 0.0f));
                 q[i] = frand(&seed);
             }
-            tq_quantize_row_n(bits, n64, x, a, N);
-            (bits == 3 ? ggml_tq3_64_from_float : ggml_tq4_64_from_float)(x, b, N);
+            tq_quantize_row_n(bits, nb, x, a, len);
+            from_float(x, b, len);
             mismatched_rows += memcmp(a, b, nbytes) != 0;
-            ggml_tq_qrot_64_from_float(q, qrot, N);
+            (nb == TQ_BLOCK_64 ? ggml_tq_qrot_64_from_float : ggml_tq_qrot_96_from_float)(q, qrot, len);
             float got;
-            (bits == 3 ? ggml_vec_dot_tq3_64_qrot : ggml_vec_dot_tq4_64_qrot)(N, &got, 0, a, 0, qrot, 0, 1);
-            const float want = tq_dot_rotated_row_n(bits, n64, a, qrot, N);
+            vec_dot(len, &got, 0, a, 0, qrot, 0, 1);
+            const float want = tq_dot_rotated_row_n(bits, nb, a, qrot, len);
             const double err = fabs((double)got - want) / (fabs((double)want) + 1e-3 * scale);
             worst = err > worst ? err : worst;
             ggml_tq_unrotate_t unrot = NULL;
-            ggml_to_float_t to_rot = ggml_tq_fa_v_to_float(bits == 3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64, &unrot);
-            to_rot(a, vr, N);
-            unrot(vr, N);
-            tq_dequantize_row_n(bits, n64, a, vref, N);
+            ggml_to_float_t to_rot = ggml_tq_fa_v_to_float(type, &unrot);
+            to_rot(a, vr, len);
+            unrot(vr, len);
+            tq_dequantize_row_n(bits, nb, a, vref, len);
             double dmax = 0, rmax = 0;
-            for (int i = 0; i < N; ++i) {
+            for (int i = 0; i < len; ++i) {
                 dmax = fmax(dmax, fabs((double)vr[i] - vref[i]));
                 rmax = fmax(rmax, fabs((double)vref[i]));
             }
             worst = dmax / rmax > worst ? dmax / rmax : worst;
         }
-        printf("tq%d_64: %d/%d rows differ from the codec's bytes, worst dot / V-row rel err %.2e\n", bits,
+        printf("tq%d_%d: %d/%d rows differ from the codec's bytes, worst dot / V-row rel err %.2e\n", bits, nb,
                mismatched_rows, ROWS, worst);
         failures += mismatched_rows != 0;
         failures += worst > 1e-4;

@@ -17,5 +17,8 @@ bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_transformed) {
     if (type == GGML_TYPE_TQ3_64 || type == GGML_TYPE_TQ4_64) {
         return false; // heads of 64 x odd: upstream's Hadamard is 64-point, within our own 64-value blocks
     }
+    if (type == GGML_TYPE_TQ3_96 || type == GGML_TYPE_TQ4_96) {
+        return false; // heads of 96: upstream rotates only heads that are a multiple of 64
+    }
     return type == GGML_TYPE_TQ3 && is_k && !keys_transformed;
 }

@@ -2,8 +2,9 @@
 //
 // Users pick tq3 / tq4. A head size that is a multiple of 128 keeps the 128-value types (52 / 68 bytes per block);
 // one that is a multiple of 64 but not of 128 (64, 192, ...) gets the 64-value variants tq3_64 / tq4_64 (28 / 36
-// bytes: the same algorithm with a 64-point rotation, tq_codec.h). Other head sizes, and MLA caches, are refused at
-// context creation with a message that names the head size.
+// bytes: the same algorithm with a 64-point rotation, tq_codec.h); one that is a multiple of 96 only (96: Phi-3,
+// 288, ...) the 96-value variants tq3_96 / tq4_96 (40 / 52 bytes, 3.33 / 4.33 bits per value). Other head sizes
+// (80, 112, ...), and MLA caches, are refused at context creation with a message that names the head size.
 #pragma once
 
 #include "ggml.h"
@@ -15,18 +16,22 @@
 #include <cstring>
 
 inline bool llama_tq_is_tq(ggml_type t) {
-    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64;
+    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ||
+           t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96;
 }
 
-// TQ3_64 -> TQ3, TQ4_64 -> TQ4 (the policies are decided per bit width); other types unchanged.
+// TQ3_64 / TQ3_96 -> TQ3, TQ4_64 / TQ4_96 -> TQ4 (the policies are decided per bit width); other types unchanged.
 inline ggml_type llama_tq_base_type(ggml_type t) {
-    return t == GGML_TYPE_TQ3_64 ? GGML_TYPE_TQ3 : t == GGML_TYPE_TQ4_64 ? GGML_TYPE_TQ4 : t;
+    return t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ3_96   ? GGML_TYPE_TQ3
+           : t == GGML_TYPE_TQ4_64 || t == GGML_TYPE_TQ4_96 ? GGML_TYPE_TQ4
+                                                             : t;
 }
 
-// The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64-value blocks where a head size
+// The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64- or 96-value blocks where a head size
 // needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
 // offload_kqv: layers whose device is not the CPU keep their KV there; of the GPU backends only CUDA has kernels for
-// the 64-value blocks, and its flash attention (upstream's too) takes head size 64 among these sizes.
+// the 64-value blocks, and its flash attention (upstream's too) takes head size 64 among these sizes; the 96-value
+// blocks run on the CPU.
 inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
     if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
         return t;
@@ -48,33 +53,43 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
                         hp.n_embd_head_k_mla());
         return GGML_TYPE_COUNT;
     }
-    bool all128 = true, all64 = true;
+    bool all128 = true, all64 = true, all96 = true, only64 = true;
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
         }
         const uint32_t head = is_k ? hp.n_embd_head_k(il) : hp.n_embd_head_v(il);
-        if (head % 64 != 0) {
+        all128 = all128 && head % 128 == 0;
+        all64  = all64 && head % 64 == 0;
+        all96  = all96 && head % 96 == 0;
+        only64 = only64 && head == 64;
+        if (head % 64 != 0 && head % 96 != 0) {
             LLAMA_LOG_ERROR("%s: %s cache type %s does not support head size %u (layer %u): TQ types need a multiple "
-                            "of 64 (128-value blocks for multiples of 128, 64-value blocks otherwise)\n", __func__,
-                            side, ggml_type_name(t), head, il);
+                            "of 64 or 96 (128-value blocks for multiples of 128, 64- or 96-value blocks otherwise); "
+                            "use q4_0 or q8_0\n", __func__, side, ggml_type_name(t), head, il);
             return GGML_TYPE_COUNT;
         }
-        all128 = all128 && head % 128 == 0;
-        all64  = all64 && head == 64;
     }
     if (all128) {
         return t;
     }
-    const ggml_type t64 = t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64;
-    if (kv_on_other_gpu || (kv_on_cuda && !all64)) {
-        LLAMA_LOG_ERROR("%s: %s cache type %s needs 64-value blocks (%s) for this model's head size, which run on the "
-                        "CPU and, for head size 64, on CUDA: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or "
-                        "use q4_0\n", __func__, side, ggml_type_name(t), ggml_type_name(t64));
+    if (!all64 && !all96) {
+        LLAMA_LOG_ERROR("%s: %s cache type %s: this model's layers mix head sizes that no one TQ block size divides "
+                        "(64 or 96); use q4_0 or q8_0\n", __func__, side, ggml_type_name(t));
         return GGML_TYPE_COUNT;
     }
-    LLAMA_LOG_INFO("%s: %s cache type %s uses 64-value blocks (%s, %.3f bits per value) for this model's head size\n",
-                   __func__, side, ggml_type_name(t), ggml_type_name(t64),
-                   8.0 * (double) ggml_type_size(t64) / (double) ggml_blck_size(t64));
-    return t64;
+    const ggml_type tn = all64 ? (t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64)
+                               : (t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_96 : GGML_TYPE_TQ4_96);
+    const int64_t bs = ggml_blck_size(tn);
+    if (kv_on_other_gpu || (kv_on_cuda && !only64)) {
+        LLAMA_LOG_ERROR("%s: %s cache type %s needs %d-value blocks (%s) for this model's head size, which run on the "
+                        "CPU%s: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or use q4_0\n", __func__, side,
+                        ggml_type_name(t), (int) bs, ggml_type_name(tn),
+                        all64 ? " and, for head size 64, on CUDA" : "");
+        return GGML_TYPE_COUNT;
+    }
+    LLAMA_LOG_INFO("%s: %s cache type %s uses %d-value blocks (%s, %.3f bits per value) for this model's head size\n",
+                   __func__, side, ggml_type_name(t), (int) bs, ggml_type_name(tn),
+                   8.0 * (double) ggml_type_size(tn) / (double) bs);
+    return tn;
 }

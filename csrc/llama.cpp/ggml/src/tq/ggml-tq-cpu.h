@@ -1,5 +1,5 @@
-/* CPU kernels of the TQ3/TQ4 KV types and their 64-value variants TQ3_64/TQ4_64 for ggml's CPU backend (entries
- * of its type_traits_cpu table).
+/* CPU kernels of the TQ3/TQ4 KV types and their 64-/96-value variants TQ3_64/TQ4_64, TQ3_96/TQ4_96 for ggml's
+ * CPU backend (entries of its type_traits_cpu table).
  *
  * K.Q runs in the rotated domain: the query is converted once per row to GGML_TYPE_TQ_QROT (float32 values,
  * rotated block by block with tq_rotate), and the dot product of a TQ row with it is
@@ -35,6 +35,15 @@ void ggml_tq_qrot_64_from_float(const float *x, void *y, int64_t k);
 void ggml_vec_dot_tq3_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                               int nrc);
 void ggml_vec_dot_tq4_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                              int nrc);
+
+/* GGML_TYPE_TQ3_96 / TQ4_96 (96-value blocks) and their query helper GGML_TYPE_TQ_QROT_96 (rotated per 96). */
+void ggml_tq3_96_from_float(const float *x, void *y, int64_t k);
+void ggml_tq4_96_from_float(const float *x, void *y, int64_t k);
+void ggml_tq_qrot_96_from_float(const float *x, void *y, int64_t k);
+void ggml_vec_dot_tq3_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                              int nrc);
+void ggml_vec_dot_tq4_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                               int nrc);
 
 /* FLASH_ATTN_EXT's V path. For a TQ V type, returns a to_float that leaves rows in the rotated domain
