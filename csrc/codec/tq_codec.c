@@ -304,17 +304,38 @@ static unsigned tq_pick_fmt(const tq_fmt *f, const float *y, uint8_t *idx) {
 
 unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) { return tq_pick_fmt(tq_fmt_of(bits, TQ_BLOCK), y, idx); }
 
+/* The codec's double sums (the block's squared norm, the least-squares scale's <y, c'> and <c', c'>) in a canonical
+ * order that a GPU warp reproduces without a sequential chain: 32 lanes, lane l summing terms l, l + 32, l + 64, ...
+ * from 0.0 in sequence, then the butterfly tree of lanes at distances 16, 8, 4, 2, 1 (lane l < d adds lane l + d),
+ * the result in lane 0. Terms are products of two floats, exact in double; only the sums round. */
+static double tq_sum_canonical(const double *t, int n) {
+    double lane[32];
+    for (int l = 0; l < 32; ++l) {
+        lane[l] = 0.0;
+        for (int i = l; i < n; i += 32) {
+            lane[l] += t[i];
+        }
+    }
+    for (int d = 16; d >= 1; d >>= 1) {
+        for (int l = 0; l < d; ++l) {
+            lane[l] += lane[l + d];
+        }
+    }
+    return lane[0];
+}
+
 /* pick: a replacement of the reference picker for 128-value blocks (SIMD), or NULL for the reference. */
 static void tq_quantize_fmt(const tq_fmt *f, const float *x, void *block, tq_subscale_picker pick) {
     uint8_t *out = (uint8_t *)block;
     uint8_t idx[TQ_BLOCK];
     float y[TQ_BLOCK];
+    double t0[TQ_BLOCK], t1[TQ_BLOCK];
     const int n = f->n;
 
-    double ss = 0.0;
     for (int i = 0; i < n; ++i) {
-        ss += (double)x[i] * (double)x[i];
+        t0[i] = (double)x[i] * (double)x[i];
     }
+    const double ss = tq_sum_canonical(t0, n);
     if (!isfinite(ss)) { /* NaN or Inf somewhere: poison the block, read nothing more */
         memset(idx, 0, sizeof idx);
         tq_pack_fmt(f, idx, out + TQ_HEADER_BYTES);
@@ -329,18 +350,18 @@ static void tq_quantize_fmt(const tq_fmt *f, const float *x, void *block, tq_sub
 
     const int len = n / 4;
     unsigned subs = 0;
-    double yc = 0.0;
-    double cc = 0.0;
     for (int k = 0; k < 4; ++k) {
         const unsigned j = pick ? pick(f->bits, y + k * len, idx + k * len) : tq_pick_fmt(f, y + k * len, idx + k * len);
         subs |= j << (4 * k);
         for (int i = k * len; i < (k + 1) * len; ++i) {
             const double c = (double)(TQ_SUBSCALE[j] * f->cent[idx[i]]);
-            yc += (double)y[i] * c;
-            cc += c * c;
+            t0[i] = (double)y[i] * c;
+            t1[i] = c * c;
         }
     }
     tq_pack_fmt(f, idx, out + TQ_HEADER_BYTES);
+    const double yc = tq_sum_canonical(t0, n);
+    const double cc = tq_sum_canonical(t1, n);
     double s = norm * (yc / cc); /* cc > 0: no centroid is zero */
     if (s > (double)TQ_BF16_MAX) {
         s = (double)TQ_BF16_MAX;

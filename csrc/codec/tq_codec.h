@@ -3,7 +3,8 @@
  * C11, no dependency on ggml. ggml's CPU backend, the Python module and the tests all call it.
  *
  * One block = 128 values. Quantizing a block:
- *   1. n = ||x||_2 (accumulated in double; never overflows for finite float input).
+ *   1. n = ||x||_2 (accumulated in double; never overflows for finite float input). The double sums here and in
+ *      step 4 run in a fixed order a GPU warp reproduces (tq_codec.c, tq_sum_canonical).
  *   2. u = x / n, then the fixed randomized Walsh-Hadamard rotation y = H * D * u / sqrt(128):
  *      D = diag(+-1) from TQ_SIGNS (bit i of the 128-bit constant set => coordinate i negated),
  *      H = the 128-point Sylvester Hadamard matrix (natural order). One round (bench/results/codec_design.md).

@@ -145,32 +145,45 @@ static __device__ __forceinline__ void tq_cu_fwht_warp64(float v[2], int lane) {
     v[1] = tq_fsub(a, b);
 }
 
-// Sequential double sum in index order (the codec's loop), done by lane 0 from shared scratch. Unrolled so the
-// shared loads are issued ahead of the dependent adds (same adds, same order: the result is bit-identical).
-template <int N = TQ_BLOCK>
-static __device__ __forceinline__ double tq_cu_seq_sum(const double * s) {
+// The codec's canonical double sum (tq_codec.c, tq_sum_canonical) of N terms in shared memory, run by one warp:
+// lane l sums terms l, l + 32, ... from 0.0 in sequence, then the xor butterfly over distances 16..1 (lane l adds lane
+// l ^ d, which for l < d is the codec's lane[l] + lane[l + d]: IEEE addition is commutative). Every lane returns the
+// sum. Two sums side by side: the least-squares scale's numerator and denominator.
+template <int N>
+static __device__ __forceinline__ double tq_cu_canon_sum(const double * s, int lane) {
     double acc = 0.0;
-#pragma unroll 32
-    for (int i = 0; i < N; ++i) {
-        acc = __dadd_rn(acc, s[i]);
+#pragma unroll
+    for (int i = 0; i < N / 32; ++i) {
+        acc = __dadd_rn(acc, s[lane + 32 * i]);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) {
+        acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, d));
     }
     return acc;
 }
-// Two independent sequential sums side by side (the least-squares scale's numerator and denominator).
-template <int N = TQ_BLOCK>
-static __device__ __forceinline__ void tq_cu_seq_sum2(const double * s, const double * t, double & a, double & b) {
+template <int N>
+static __device__ __forceinline__ void tq_cu_canon_sum2(const double * s, const double * t, int lane, double & a,
+                                                        double & b) {
     a = 0.0;
     b = 0.0;
-#pragma unroll 32
-    for (int i = 0; i < N; ++i) {
-        a = __dadd_rn(a, s[i]);
-        b = __dadd_rn(b, t[i]);
+#pragma unroll
+    for (int i = 0; i < N / 32; ++i) {
+        a = __dadd_rn(a, s[lane + 32 * i]);
+        b = __dadd_rn(b, t[lane + 32 * i]);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) {
+        const double ao = __shfl_xor_sync(0xffffffffu, a, d);
+        const double bo = __shfl_xor_sync(0xffffffffu, b, d);
+        a = __dadd_rn(a, ao);
+        b = __dadd_rn(b, bo);
     }
 }
 
 // Shared memory of one block's quantization (one CTA of 128 threads per block).
 struct tq_cu_qscratch {
-    double   d[2][TQ_BLOCK]; // products for the codec's sequential double sums
+    double   d[2][TQ_BLOCK]; // products for the codec's double sums
     float    y[4][33];       // rotated values by sub-block (padded: the search's two lanes of a pair hit other banks)
     uint8_t  idx[TQ_BLOCK];
     uint32_t pick[4];
@@ -191,7 +204,7 @@ static __device__ __forceinline__ void tq_cu_tables_load(tq_cu_tables & dst, con
 // thread of the CTA must call it (it synchronizes the CTA). out: the block's bytes (any alignment).
 // The multiplier search runs in parallel: in warp r, lanes 2j and 2j + 1 sum the even and odd canonical
 // accumulators of multiplier j for sub-block r, then a (error, j) minimum over the warp picks the codec's winner
-// (the first j with the smallest error). The double sums stay sequential in index order, as the codec's are.
+// (the first j with the smallest error). The double sums run in the codec's canonical order on warp 0.
 template <int BITS>
 static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uint8_t * out, tq_cu_qscratch & sm,
                                             int tid) {
@@ -202,8 +215,11 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
 
     sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
-    if (tid == 0) {
-        sm.bcast = tq_cu_seq_sum(sm.d[0]);
+    if (w == 0) {
+        const double ss0 = tq_cu_canon_sum<TQ_BLOCK>(sm.d[0], lane);
+        if (lane == 0) {
+            sm.bcast = ss0;
+        }
     }
     __syncthreads();
     const double ss = sm.bcast;
@@ -278,14 +294,14 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             }
         }
 
-        // least-squares scale: sequential double sums over the block in index order (exact products)
+        // least-squares scale: the codec's canonical double sums over the block (exact products)
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
         sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
         sm.d[1][tid] = __dmul_rn(c, c);
         __syncthreads();
-        if (tid == 0) {
+        if (w == 0) {
             double yc, cc;
-            tq_cu_seq_sum2(sm.d[0], sm.d[1], yc, cc);
+            tq_cu_canon_sum2<TQ_BLOCK>(sm.d[0], sm.d[1], lane, yc, cc);
             double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) { // the largest finite bfloat16, as the codec clamps
                 s = tq_f2d(TQ_BF16_MAX);
@@ -371,8 +387,11 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
 
     sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
-    if (tid == 0) {
-        sm.bcast = tq_cu_seq_sum<TQ_BLOCK_64>(sm.d[0]);
+    if (w == 0) {
+        const double ss0 = tq_cu_canon_sum<TQ_BLOCK_64>(sm.d[0], lane);
+        if (lane == 0) {
+            sm.bcast = ss0;
+        }
     }
     __syncthreads();
     const double ss = sm.bcast;
@@ -445,9 +464,9 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
         sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
         sm.d[1][tid] = __dmul_rn(c, c);
         __syncthreads();
-        if (tid == 0) {
+        if (w == 0) {
             double yc, cc;
-            tq_cu_seq_sum2<TQ_BLOCK_64>(sm.d[0], sm.d[1], yc, cc);
+            tq_cu_canon_sum2<TQ_BLOCK_64>(sm.d[0], sm.d[1], lane, yc, cc);
             double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) {
                 s = tq_f2d(TQ_BF16_MAX);

@@ -391,6 +391,24 @@ template <int BITS, int N> static inline uint tq_mtl_pick(thread const float * y
     return best;
 }
 
+// The codec's canonical double sum of a[i] * b[i] (tq_codec.c, tq_sum_canonical): 32 lanes, lane l summing terms
+// l, l + 32, ... from 0 in sequence, then lanes l < d adding lane l + d for d = 16, 8, 4, 2, 1.
+template <int N> static inline tq_sd tq_mtl_canon_sum(thread const float * a, thread const float * b) {
+    tq_sd lane[32];
+    for (int l = 0; l < 32; ++l) {
+        lane[l] = tq_sd_pack(0, false, 0, false);
+        for (int i = l; i < N; i += 32) {
+            lane[l] = tq_sd_add(lane[l], tq_sd_mul_ff(a[i], b[i]));
+        }
+    }
+    for (int d = 16; d >= 1; d >>= 1) {
+        for (int l = 0; l < d; ++l) {
+            lane[l] = tq_sd_add(lane[l], lane[l + d]);
+        }
+    }
+    return lane[0];
+}
+
 template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block(device const TS * x, device uchar * out) {
     float y[N];
     uchar idx[N];
@@ -411,10 +429,7 @@ template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block
         out[3] = 0;
         return;
     }
-    tq_sd ss = tq_sd_pack(0, false, 0, false);
-    for (int i = 0; i < N; ++i) {
-        ss = tq_sd_add(ss, tq_sd_mul_ff(y[i], y[i]));
-    }
+    const tq_sd ss = tq_mtl_canon_sum<N>(y, y);
     const tq_sd norm = tq_sd_sqrt(ss);
     for (int i = 0; i < N; ++i) {
         y[i] = norm.m != 0 ? tq_sd_to_float(tq_sd_div(tq_sd_from_float(y[i]), norm)) : 0.0f;
@@ -428,17 +443,16 @@ template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block
     }
     const int len = N / 4;
     uint subs = 0;
-    tq_sd yc = tq_sd_pack(0, false, 0, false);
-    tq_sd cc = tq_sd_pack(0, false, 0, false);
+    float c[N];
     for (int k = 0; k < 4; ++k) {
         const uint j = tq_mtl_pick<BITS, N>(y + k * len, idx + k * len);
         subs |= j << (4 * k);
         for (int i = k * len; i < (k + 1) * len; ++i) {
-            const float c = tq_mtl_subscale[j] * tq_mtl_cent<BITS, N>(idx[i]);
-            yc = tq_sd_add(yc, tq_sd_mul_ff(y[i], c));
-            cc = tq_sd_add(cc, tq_sd_mul_ff(c, c));
+            c[i] = tq_mtl_subscale[j] * tq_mtl_cent<BITS, N>(idx[i]);
         }
     }
+    const tq_sd yc = tq_mtl_canon_sum<N>(y, c);
+    const tq_sd cc = tq_mtl_canon_sum<N>(c, c);
     tq_mtl_pack<BITS, N>(idx, out + 4);
     tq_sd s = tq_sd_mul(norm, tq_sd_div(yc, cc));
     const tq_sd smax = tq_sd_from_float(3.38953139e38f);
