@@ -13,9 +13,10 @@
 #   evict  TriAttention eviction on the GPU and on the CPU (-ngl 99 / 0): a head-128 synthetic model with a byte
 #          vocabulary, -c 2048 -b 512 -ub 128, V3 / StreamingLLM at 50 %: rounds, cells evicted, PPL, wall time
 #   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
-#          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H64_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
+#          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
-# Environment: OPS (ops stage op list), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
+#   head96 the same at head size 96 (tq3 -> tq3_96; decoded by upstream's f16 kernels after a conversion)
+# Environment: OPS (ops stage op list), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
 #   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
@@ -152,31 +153,37 @@ stage_bench() {
     return "$rc"
 }
 
-stage_head64() {
-    local m="$W/synth64.gguf" t rc=0
-    PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-embd 2048 --n-head 32 --n-head-kv 8 \
-        --n-ctx 40960 --byte-vocab > /dev/null || return 1
-    "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p 'hsk=64,hsv=64,nh=8,nr23=\[4,4\],kv=32768' \
-        > "$RES/h64_fa_perf.log" 2>&1 || rc=1
-    grep -E 'FLASH_ATTN_EXT' "$RES/h64_fa_perf.log" | sed 's/  */ /g'
+# A head-size-H synthetic model (8 layers, 32 heads on 8 KV heads, byte vocabulary): FA decode perf, KLD against the
+# GPU f16 run, llama-bench (H = 64: tq3 -> tq3_64; H = 96: tq3 -> tq3_96, decoded by upstream's f16 kernels).
+head_stage() {
+    local h=$1 m="$W/synth$1.gguf" t rc=0
+    PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-embd $((32 * h)) --n-head 32 \
+        --n-head-kv 8 --n-ctx 40960 --byte-vocab > /dev/null || return 1
+    "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p "hsk=$h,hsv=$h,nh=8,nr23=\\[4,4\\],kv=32768" \
+        > "$RES/h${h}_fa_perf.log" 2>&1 || rc=1
+    grep -E 'FLASH_ATTN_EXT' "$RES/h${h}_fa_perf.log" | sed 's/  */ /g'
     # a slice of the text: the byte vocabulary's tokenizer is slow on the whole file (1.3 MB, one token per byte)
-    head -c 16384 .gpu/wiki.test.raw > "$W/h64_text.txt"
-    local base="$W/h64_f16.kld" ppl=("$bin/llama-perplexity" -m "$m" -f "$W/h64_text.txt" -c 1024 -b 512 --chunks 6 -fa on -lv 4)
-    "${ppl[@]}" -ngl 99 --kl-divergence-base "$base" > "$RES/h64_ppl_f16_base.log" 2>&1 || rc=1
+    head -c 16384 .gpu/wiki.test.raw > "$W/h${h}_text.txt"
+    local base="$W/h${h}_f16.kld" ppl=("$bin/llama-perplexity" -m "$m" -f "$W/h${h}_text.txt" -c 1024 -b 512 --chunks 6 -fa on -lv 4)
+    "${ppl[@]}" -ngl 99 --kl-divergence-base "$base" > "$RES/h${h}_ppl_f16_base.log" 2>&1 || rc=1
     for run in q4_0:99 tq4:99 tq3:99 tq3:0; do
         t=${run%:*}
         "${ppl[@]}" -ctk "$t" -ctv "$t" -ngl "${run#*:}" -t "$(nproc)" --kl-divergence-base "$base" --kl-divergence \
-            > "$RES/h64_kld_${t}_ngl${run#*:}.log" 2>&1 || rc=1
-        printf 'h64 KLD %-5s ngl %-2s %s | %s\n' "$t" "${run#*:}" "$(grep -m1 'Mean    KLD' "$RES/h64_kld_${t}_ngl${run#*:}.log")" \
-            "$(grep -m1 -o 'uses 64-value blocks[^)]*)' "$RES/h64_kld_${t}_ngl${run#*:}.log")"
+            > "$RES/h${h}_kld_${t}_ngl${run#*:}.log" 2>&1 || rc=1
+        printf 'h%s KLD %-5s ngl %-2s %s | %s\n' "$h" "$t" "${run#*:}" \
+            "$(grep -m1 'Mean    KLD' "$RES/h${h}_kld_${t}_ngl${run#*:}.log")" \
+            "$(grep -m1 -o 'uses [0-9]*-value blocks[^)]*)' "$RES/h${h}_kld_${t}_ngl${run#*:}.log")"
     done
-    : > "$RES/h64_llama_bench.md"
-    for t in ${H64_TYPES:-f16 q8_0 q4_0 tq4 tq3}; do
-        "$bin/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -d "${H64_DEPTHS:-0,4096,32768}" -r "${BENCH_REPS:-5}" \
-            -ctk "$t" -ctv "$t" -o md 2>> "$RES/h64_llama_bench.err" | tee -a "$RES/h64_llama_bench.md" || rc=1
+    : > "$RES/h${h}_llama_bench.md"
+    for t in ${H_TYPES:-f16 q8_0 q4_0 tq4 tq3}; do
+        "$bin/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -d "${H_DEPTHS:-0,4096,32768}" -r "${BENCH_REPS:-5}" \
+            -ctk "$t" -ctv "$t" -o md 2>> "$RES/h${h}_llama_bench.err" | tee -a "$RES/h${h}_llama_bench.md" || rc=1
     done
     return "$rc"
 }
+
+stage_head64() { head_stage 64; }
+stage_head96() { head_stage 96; }
 
 stage_evict() {
     local m="$W/synth_ev.gguf" ngl pol log rc=0 t0

@@ -1,5 +1,5 @@
-// GPU quantizer == C codec, byte for byte, on N random blocks per type (default 1,048,576; tq3, tq4 and the
-// 64-value tq3_64, tq4_64), plus the GPU dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
+// GPU quantizer == C codec, byte for byte, on N random blocks per type (default 1,048,576; tq3, tq4, the
+// 64-value tq3_64, tq4_64 and the 96-value tq3_96, tq4_96), plus the GPU dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
 // that the kernel's float operations survive those flags.
 //
 //   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
@@ -29,6 +29,8 @@ __global__ void k_quant(const float * x, uint8_t * out, int64_t n, const __grid_
     }
     if constexpr (N == TQ_BLOCK) {
         tq_cu_quantize_block<BITS>(t, x[b * N + threadIdx.x], out + b * tq_cu_block_bytes_n(BITS, N), sm, threadIdx.x);
+    } else if constexpr (N == TQ_BLOCK_96) {
+        tq_cu_quantize_block96<BITS>(t, x[b * N + threadIdx.x], out + b * tq_cu_block_bytes_n(BITS, N), sm, threadIdx.x);
     } else {
         tq_cu_quantize_block64<BITS>(t, x[b * N + threadIdx.x], out + b * tq_cu_block_bytes_n(BITS, N), sm, threadIdx.x);
     }
@@ -49,6 +51,8 @@ __global__ void k_dequant(const uint8_t * in, float * y, int64_t n, tq_cu_tables
     float v[N / 32];
     if constexpr (N == TQ_BLOCK) {
         tq_cu_dequantize_block<BITS>(t, in + b * tq_cu_block_bytes_n(BITS, N), v, lane);
+    } else if constexpr (N == TQ_BLOCK_96) {
+        tq_cu_dequantize_block96<BITS>(t, in + b * tq_cu_block_bytes_n(BITS, N), v, lane);
     } else {
         tq_cu_dequantize_block64<BITS>(t, in + b * tq_cu_block_bytes_n(BITS, N), v, lane);
     }
@@ -188,7 +192,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6;
     printf("tq%d%s: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s"
            " | quantize 4 blocks %.1f us per launch, all %lld blocks %.0f us\n",
-           BITS, N == TQ_BLOCK ? "" : "_64", (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL", us_small,
+           BITS, N == TQ_BLOCK ? "" : N == TQ_BLOCK_64 ? "_64" : "_96", (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL", us_small,
            (long long) n, us_all);
     return ok ? 0 : 1;
 }
@@ -198,5 +202,5 @@ int main(int argc, char ** argv) {
     tq_cu_tables tab;
     tq_cu_tables_init(&tab);
     return check<3, TQ_BLOCK>(n, tab) | check<4, TQ_BLOCK>(n, tab) | check<3, TQ_BLOCK_64>(n, tab) |
-           check<4, TQ_BLOCK_64>(n, tab);
+           check<4, TQ_BLOCK_64>(n, tab) | check<3, TQ_BLOCK_96>(n, tab) | check<4, TQ_BLOCK_96>(n, tab);
 }

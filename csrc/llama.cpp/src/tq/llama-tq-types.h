@@ -30,8 +30,8 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
 // The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64- or 96-value blocks where a head size
 // needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
 // offload_kqv: layers whose device is not the CPU keep their KV there; of the GPU backends only CUDA has kernels for
-// the 64-value blocks, and its flash attention (upstream's too) takes head size 64 among these sizes; the 96-value
-// blocks run on the CPU.
+// the 64- and 96-value blocks, and its flash attention (upstream's too) takes head sizes 64 and 96 among these sizes
+// (96 through upstream's f16 kernels after a conversion).
 inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
     if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
         return t;
@@ -53,7 +53,7 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
                         hp.n_embd_head_k_mla());
         return GGML_TYPE_COUNT;
     }
-    bool all128 = true, all64 = true, all96 = true, only64 = true;
+    bool all128 = true, all64 = true, all96 = true, only64 = true, only96 = true;
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
@@ -63,6 +63,7 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
         all64  = all64 && head % 64 == 0;
         all96  = all96 && head % 96 == 0;
         only64 = only64 && head == 64;
+        only96 = only96 && head == 96;
         if (head % 64 != 0 && head % 96 != 0) {
             LLAMA_LOG_ERROR("%s: %s cache type %s does not support head size %u (layer %u): TQ types need a multiple "
                             "of 64 or 96 (128-value blocks for multiples of 128, 64- or 96-value blocks otherwise); "
@@ -81,11 +82,10 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
     const ggml_type tn = all64 ? (t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64)
                                : (t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_96 : GGML_TYPE_TQ4_96);
     const int64_t bs = ggml_blck_size(tn);
-    if (kv_on_other_gpu || (kv_on_cuda && !only64)) {
+    if (kv_on_other_gpu || (kv_on_cuda && !(all64 ? only64 : only96))) {
         LLAMA_LOG_ERROR("%s: %s cache type %s needs %d-value blocks (%s) for this model's head size, which run on the "
-                        "CPU%s: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or use q4_0\n", __func__, side,
-                        ggml_type_name(t), (int) bs, ggml_type_name(tn),
-                        all64 ? " and, for head size 64, on CUDA" : "");
+                        "CPU and, for head size %d, on CUDA: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or "
+                        "use q4_0\n", __func__, side, ggml_type_name(t), (int) bs, ggml_type_name(tn), (int) bs);
         return GGML_TYPE_COUNT;
     }
     LLAMA_LOG_INFO("%s: %s cache type %s uses %d-value blocks (%s, %.3f bits per value) for this model's head size\n",

@@ -18,11 +18,18 @@ static const tq_cu_tables & tq_tables() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Quantize rows: one CTA of N threads per N-value block (N = 128, or 64 for TQ3_64 / TQ4_64; a decode step
+// Quantize rows: one CTA of N threads per N-value block (N = 128, 64 for TQ3_64 / TQ4_64, 96 for TQ3_96 / TQ4_96; a decode step
 // writes a few blocks per launch, so the latency of one block is what counts). Row i1 of the source goes to row
 // ids[i1] (SET_ROWS) or i1 (CPY). Dequantize: one warp per block.
 
-static int tq_block_n_of(ggml_type t) { return t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ? TQ_BLOCK_64 : TQ_BLOCK; }
+static int tq_block_n_of(ggml_type t) {
+    return t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64   ? TQ_BLOCK_64
+           : t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96 ? TQ_BLOCK_96
+                                                             : TQ_BLOCK;
+}
+static int tq_bits_of(ggml_type t) {
+    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ3_96 ? 3 : 4;
+}
 
 struct tq_rows_shape {
     int64_t nblk;          // blocks per row
@@ -81,6 +88,8 @@ static __device__ __forceinline__ void tq_quantize_rows_block(const tq_cu_tables
     __syncthreads(); // the tables
     if constexpr (N == TQ_BLOCK) {
         tq_cu_quantize_block<BITS>(t, v, out, sm, tid);
+    } else if constexpr (N == TQ_BLOCK_96) {
+        tq_cu_quantize_block96<BITS>(t, v, out, sm, tid);
     } else {
         tq_cu_quantize_block64<BITS>(t, v, out, sm, tid);
     }
@@ -134,7 +143,9 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
         case GGML_TYPE_TQ3:    k_tq_quantize_rows<3, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
         case GGML_TYPE_TQ4:    k_tq_quantize_rows<4, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
         case GGML_TYPE_TQ3_64: k_tq_quantize_rows<3, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        default:               k_tq_quantize_rows<4, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4_64: k_tq_quantize_rows<4, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_96: k_tq_quantize_rows<3, TQ_BLOCK_96, src_t, idx_t><<<grid, TQ_BLOCK_96, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        default:               k_tq_quantize_rows<4, TQ_BLOCK_96, src_t, idx_t><<<grid, TQ_BLOCK_96, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -159,6 +170,8 @@ static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * 
     float y[N / 32];
     if constexpr (N == TQ_BLOCK) {
         tq_cu_dequantize_block<BITS>(t, blk, y, lane);
+    } else if constexpr (N == TQ_BLOCK_96) {
+        tq_cu_dequantize_block96<BITS>(t, blk, y, lane);
     } else {
         tq_cu_dequantize_block64<BITS>(t, blk, y, lane);
     }
@@ -181,7 +194,9 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
         case GGML_TYPE_TQ3:    k_tq_dequantize_rows<3, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
         case GGML_TYPE_TQ4:    k_tq_dequantize_rows<4, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
         case GGML_TYPE_TQ3_64: k_tq_dequantize_rows<3, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        default:               k_tq_dequantize_rows<4, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4_64: k_tq_dequantize_rows<4, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_96: k_tq_dequantize_rows<3, TQ_BLOCK_96, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        default:               k_tq_dequantize_rows<4, TQ_BLOCK_96, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -233,7 +248,13 @@ static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int6
     static void tq3_64_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
                                       int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3_64, x, y, a, b, c, d, e, f, g, s); } \
     static void tq4_64_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4_64, x, y, a, b, c, d, e, f, g, s); }
+                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4_64, x, y, a, b, c, d, e, f, g, s); } \
+    static void tq3_96_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ3_96, x, y, k, s); } \
+    static void tq4_96_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ4_96, x, y, k, s); } \
+    static void tq3_96_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
+                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3_96, x, y, a, b, c, d, e, f, g, s); } \
+    static void tq4_96_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
+                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4_96, x, y, a, b, c, d, e, f, g, s); }
 
 TQ_CONVERTERS(fp16, half)
 TQ_CONVERTERS(fp32, float)
@@ -245,6 +266,8 @@ TQ_CONVERTERS(fp32, float)
             case GGML_TYPE_TQ4:    return tq4_to_##SUFFIX;            \
             case GGML_TYPE_TQ3_64: return tq3_64_to_##SUFFIX;         \
             case GGML_TYPE_TQ4_64: return tq4_64_to_##SUFFIX;         \
+            case GGML_TYPE_TQ3_96: return tq3_96_to_##SUFFIX;         \
+            case GGML_TYPE_TQ4_96: return tq4_96_to_##SUFFIX;         \
             default:               return nullptr;                    \
         }                                                             \
     }
@@ -507,7 +530,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
         j0.mu = mu;
         j0.s = s;
     }
-    const int b0 = k->type == GGML_TYPE_TQ3 || k->type == GGML_TYPE_TQ3_64 ? 3 : 4;
+    const int b0 = tq_bits_of(k->type);
     const int j = next_real(ik);
     const ggml_tensor * v = j >= 0 ? cgraph->nodes[j] : nullptr;
     // run side by side: neither may write what the other reads or writes
@@ -522,9 +545,11 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     if (j0.n == 0 || (pair && j1.n == 0)) {
         return 0;
     }
-    const int b1 = pair && (v->type == GGML_TYPE_TQ3 || v->type == GGML_TYPE_TQ3_64) ? 3 : (pair ? 4 : b0);
+    const int b1 = pair ? tq_bits_of(v->type) : b0;
     if (tq_block_n_of(k->type) == TQ_BLOCK) {
         tq_quantize_rows2<TQ_BLOCK>(b0, b1, j0, j1, ctx.stream());
+    } else if (tq_block_n_of(k->type) == TQ_BLOCK_96) {
+        tq_quantize_rows2<TQ_BLOCK_96>(b0, b1, j0, j1, ctx.stream());
     } else {
         tq_quantize_rows2<TQ_BLOCK_64>(b0, b1, j0, j1, ctx.stream());
     }

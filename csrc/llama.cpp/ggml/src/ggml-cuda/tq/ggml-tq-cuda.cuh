@@ -6,7 +6,8 @@
 #include "convert.cuh"
 
 static inline bool ggml_cuda_tq_is_tq(ggml_type t) {
-    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64;
+    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ||
+           t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96;
 }
 
 // supports_op for the ops the TQ types take part in. Returns -1 when no TQ type is involved (upstream decides),

@@ -29,6 +29,12 @@ struct tq_cu_tables {
     float bound3_64[7];
     float bound4_64[15];
     uint32_t signs64[2];
+    // the 96-value blocks (TQ3_96 / TQ4_96): the d = 96 codebooks and their rotation's signs
+    float cent3_96[8];
+    float cent4_96[16];
+    float bound3_96[7];
+    float bound4_96[15];
+    uint32_t signs96[3];
 };
 
 // Filled from the C codec, the single source of every constant.
@@ -36,28 +42,37 @@ static inline void tq_cu_tables_init(tq_cu_tables * t) {
     for (int i = 0; i < 8; ++i) {
         t->cent3[i]    = tq_centroids(3)[i];
         t->cent3_64[i] = tq_centroids_n(3, TQ_BLOCK_64)[i];
+        t->cent3_96[i] = tq_centroids_n(3, TQ_BLOCK_96)[i];
     }
     for (int i = 0; i < 16; ++i) {
         t->cent4[i]    = tq_centroids(4)[i];
         t->cent4_64[i] = tq_centroids_n(4, TQ_BLOCK_64)[i];
+        t->cent4_96[i] = tq_centroids_n(4, TQ_BLOCK_96)[i];
         t->sub[i]      = tq_subscales()[i];
     }
     tq_scaled_boundaries(3, 1.0f, t->bound3); // 1 * b == b: the codec's boundaries exactly
     tq_scaled_boundaries(4, 1.0f, t->bound4);
     tq_scaled_boundaries_n(3, TQ_BLOCK_64, 1.0f, t->bound3_64);
     tq_scaled_boundaries_n(4, TQ_BLOCK_64, 1.0f, t->bound4_64);
+    tq_scaled_boundaries_n(3, TQ_BLOCK_96, 1.0f, t->bound3_96);
+    tq_scaled_boundaries_n(4, TQ_BLOCK_96, 1.0f, t->bound4_96);
     for (int i = 0; i < 4; ++i) {
         t->signs[i] = TQ_SIGNS[i];
     }
     for (int i = 0; i < 2; ++i) {
         t->signs64[i] = TQ_SIGNS_64[i];
     }
+    for (int i = 0; i < 3; ++i) {
+        t->signs96[i] = TQ_SIGNS_96[i];
+    }
 }
 
 static __host__ __device__ constexpr int tq_cu_block_bytes(int bits) { return bits == 3 ? TQ3_BLOCK_BYTES : TQ4_BLOCK_BYTES; }
-// Bytes of a block of N = 128 or 64 values.
+// Bytes of a block of N = 128, 64 or 96 values.
 static __host__ __device__ constexpr int tq_cu_block_bytes_n(int bits, int n) {
-    return n == TQ_BLOCK ? tq_cu_block_bytes(bits) : bits == 3 ? TQ3_64_BLOCK_BYTES : TQ4_64_BLOCK_BYTES;
+    return n == TQ_BLOCK      ? tq_cu_block_bytes(bits)
+           : n == TQ_BLOCK_64 ? (bits == 3 ? TQ3_64_BLOCK_BYTES : TQ4_64_BLOCK_BYTES)
+                              : (bits == 3 ? TQ3_96_BLOCK_BYTES : TQ4_96_BLOCK_BYTES);
 }
 
 // Exact IEEE float ops: no flush to zero, never contracted into an FMA.
@@ -108,6 +123,17 @@ static __device__ __forceinline__ float tq_cu_sign(const tq_cu_tables & t, int i
 }
 static __device__ __forceinline__ float tq_cu_sign64(const tq_cu_tables & t, int i) {
     return (t.signs64[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
+}
+static __device__ __forceinline__ float tq_cu_sign96(const tq_cu_tables & t, int i) {
+    return (t.signs96[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
+}
+
+// The 96-point rotation's mix of the three 32-value thirds (tq_codec.c, tq_mix3): u[a] = value b of third a.
+static __device__ __forceinline__ void tq_cu_mix3(float u[3]) {
+    const float u0 = u[0], u1 = u[1], u2 = u[2];
+    u[0] = tq_fadd(tq_fadd(u0, tq_fmul(2.0f, u1)), tq_fmul(2.0f, u2));
+    u[1] = tq_fsub(tq_fadd(tq_fmul(2.0f, u0), u1), tq_fmul(2.0f, u2));
+    u[2] = tq_fadd(tq_fsub(tq_fmul(2.0f, u0), tq_fmul(2.0f, u1)), u2);
 }
 
 // One butterfly stage of stride h < 32 across the lanes of a warp: the lower lane of each pair keeps a + b, the
@@ -529,5 +555,183 @@ static __device__ __forceinline__ void tq_cu_dequantize_block64(const tq_cu_tabl
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(TQ_WHT_NORM_64, tq_cu_sign64(t, lane + 32 * r))), s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 96-value blocks (TQ3_96 / TQ4_96): the same algorithm on a CTA of 96 threads (thread i holds value i; warp w holds
+// third w of the 96-point rotation, which is a 32-point WHT per warp and then the 3x3 mix across the warps) and, for
+// dequantizing, a warp with lane l holding values l, l + 32 and l + 64 (the mix then runs in registers).
+
+// Quantizes one 96-value block with a CTA of 96 threads (every thread must call it). The multiplier search: thread
+// t < 64 tries multiplier t & 15 on sub-block t >> 4 (24 values, summed in the codec's canonical order: accumulator
+// i & 7, then the fixed tree), and a 16-lane (error, j) minimum picks the winner; warp 2 waits.
+template <int BITS>
+static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, uint8_t * out, tq_cu_qscratch & sm,
+                                              int tid) {
+    constexpr int NB = (1 << BITS) - 1;
+    const float * cent  = BITS == 3 ? t.cent3_96 : t.cent4_96;
+    const float * bound = BITS == 3 ? t.bound3_96 : t.bound4_96;
+    const int w = tid >> 5, lane = tid & 31;
+
+    if (tid < 4) {
+        sm.pick[tid] = 0; // a poisoned block keeps multiplier 0
+    }
+    sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
+    __syncthreads();
+    if (w == 0) {
+        const double ss0 = tq_cu_canon_sum<TQ_BLOCK_96>(sm.d[0], lane);
+        if (lane == 0) {
+            sm.bcast = ss0;
+        }
+    }
+    __syncthreads();
+    const double ss = sm.bcast;
+
+    uint32_t idx = 0;
+    uint16_t scale_bits = 0;
+    if (!isfinite(ss)) { // uniform over the CTA
+        scale_bits = tq_cu_fp32_to_bf16(__uint_as_float(0x7fc00000u));
+    } else {
+        const double norm = __dsqrt_rn(ss);
+        float y = norm > 0.0 ? tq_d2f(__ddiv_rn(tq_f2d(x), norm)) : 0.0f;
+        y = tq_fmul(y, tq_cu_sign96(t, tid));
+#pragma unroll
+        for (int h = 1; h < 32; h <<= 1) {
+            y = tq_cu_wht_lane_stage(y, lane, h);
+        }
+        sm.y[w][lane] = y;
+        __syncthreads();
+        {
+            float u[3] = {sm.y[0][lane], sm.y[1][lane], sm.y[2][lane]};
+            tq_cu_mix3(u);
+            y = u[w];
+        }
+        __syncthreads();
+        y = tq_fmul(y, TQ_WHT_NORM_96);
+        sm.y[w][lane] = y;
+        __syncthreads();
+
+        if (tid < 64) { // warps 0 and 1: sub-blocks 0, 1 and 2, 3
+            const uint32_t j = (uint32_t) tid & 15u;
+            const int k = tid >> 4;
+            const float m = t.sub[j];
+            float bm[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                bm[b] = tq_fmul(m, bound[b]);
+            }
+            float acc[8];
+#pragma unroll
+            for (int i = 0; i < 24; ++i) {
+                const int vi = 24 * k + i;
+                const float v = sm.y[vi >> 5][vi & 31];
+                int c = 0;
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    c += tq_fgt(v, bm[b]);
+                }
+                const float d = tq_fsub(v, tq_fmul(m, cent[c]));
+                acc[i & 7] = i < 8 ? tq_fadd(0.0f, tq_fmul(d, d)) : tq_fadd(acc[i & 7], tq_fmul(d, d));
+            }
+            float err = tq_fadd(tq_fadd(tq_fadd(acc[0], acc[4]), tq_fadd(acc[2], acc[6])),
+                                tq_fadd(tq_fadd(acc[1], acc[5]), tq_fadd(acc[3], acc[7])));
+            uint32_t jb = j;
+#pragma unroll
+            for (int o2 = 1; o2 < 16; o2 <<= 1) {
+                const float eo = __shfl_xor_sync(0xffffffffu, err, o2);
+                const uint32_t jo = __shfl_xor_sync(0xffffffffu, jb, o2);
+                if (tq_flt(eo, err) || (!tq_flt(err, eo) && jo < jb)) {
+                    err = eo;
+                    jb  = jo;
+                }
+            }
+            if ((tid & 15) == 0) {
+                sm.pick[k] = jb;
+            }
+        }
+        __syncthreads();
+        const uint32_t pick = sm.pick[tid / 24];
+        {
+            const float m = t.sub[pick];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                idx += tq_fgt(y, tq_fmul(m, bound[b]));
+            }
+        }
+
+        const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
+        sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[1][tid] = __dmul_rn(c, c);
+        __syncthreads();
+        if (w == 0) {
+            double yc, cc;
+            tq_cu_canon_sum2<TQ_BLOCK_96>(sm.d[0], sm.d[1], lane, yc, cc);
+            double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
+            if (s > tq_f2d(TQ_BF16_MAX)) {
+                s = tq_f2d(TQ_BF16_MAX);
+            }
+            scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
+        }
+    }
+
+    sm.idx[tid] = (uint8_t) idx;
+    __syncthreads();
+    if (BITS == 3) {
+        if (tid < 12) {
+            uint32_t wd = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                wd |= (uint32_t) (sm.idx[8 * tid + j] & 7u) << (3 * j);
+            }
+            out[TQ_HEADER_BYTES + 3 * tid + 0] = (uint8_t) (wd & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 1] = (uint8_t) ((wd >> 8) & 0xffu);
+            out[TQ_HEADER_BYTES + 3 * tid + 2] = (uint8_t) ((wd >> 16) & 0xffu);
+        }
+    } else if (tid < 48) {
+        out[TQ_HEADER_BYTES + tid] = (uint8_t) ((sm.idx[tid] & 15u) | ((sm.idx[tid + 48] & 15u) << 4));
+    }
+    if (tid == 0) {
+        const uint32_t subs = sm.pick[0] | sm.pick[1] << 4 | sm.pick[2] << 8 | sm.pick[3] << 12;
+        out[0] = (uint8_t) (scale_bits & 0xffu);
+        out[1] = (uint8_t) (scale_bits >> 8);
+        out[2] = (uint8_t) (subs & 0xffu);
+        out[3] = (uint8_t) (subs >> 8);
+    }
+}
+
+// Index of value i (0..95) of a 96-value block from its packed bytes q (after the header).
+template <int BITS>
+static __device__ __forceinline__ uint32_t tq_cu_index96(const uint8_t * q, int i) {
+    if (BITS == 3) {
+        return tq_cu_index<3>(q, i); // groups of 8 in 3 bytes, as the 128-value layout
+    }
+    return i < 48 ? (q[i] & 15u) : (q[i - 48] >> 4);
+}
+
+// Dequantizes one 96-value block into y[r] = value lane + 32r (the codec's tq_dequantize_block_n(bits, 96)).
+template <int BITS>
+static __device__ __forceinline__ void tq_cu_dequantize_block96(const tq_cu_tables & t, const uint8_t * blk,
+                                                                float y[3], int lane) {
+    const float * cent = BITS == 3 ? t.cent3_96 : t.cent4_96;
+    const uint32_t s_bits = (uint32_t) blk[0] | ((uint32_t) blk[1] << 8);
+    const uint32_t subs   = (uint32_t) blk[2] | ((uint32_t) blk[3] << 8);
+    const float s = tq_cu_bf16_to_fp32(s_bits);
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+        const int i = lane + 32 * r;
+        y[r] = tq_fmul(t.sub[(subs >> (4 * (i / 24))) & 15u], cent[tq_cu_index96<BITS>(blk + TQ_HEADER_BYTES, i)]);
+    }
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+        for (int r = 0; r < 3; ++r) {
+            y[r] = tq_cu_wht_lane_stage(y[r], lane, h);
+        }
+    }
+    tq_cu_mix3(y);
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+        y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(TQ_WHT_NORM_96, tq_cu_sign96(t, lane + 32 * r))), s);
     }
 }
