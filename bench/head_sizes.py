@@ -51,11 +51,10 @@ def tg_ratios(head: int, types: list[str], tmp: Path) -> dict[str, float]:
     return {str(r["config"]).split("/")[0]: float(r["ratio_vs_ref"]) for r in table if r["ratio_vs_ref"] is not None}
 
 
-CUDA_BENCH = ROOT / "bench" / "results" / "cuda" / "head64" / "h64_llama_bench.md"
-
-
-def cuda_tg_ratios(path: Path = CUDA_BENCH) -> dict[str, str]:
-    """tg128 over q4_0's at d4096 / d32768 from the H100 head-64 llama-bench tables (run_cuda.sh head64)."""
+def cuda_tg_ratios(head: int) -> dict[str, str]:
+    """tg128 over q4_0's at d4096 / d32768 from the H100 llama-bench tables of a head size (run_cuda.sh head64 /
+    head96), or nothing where there is none."""
+    path = ROOT / "bench" / "results" / "cuda" / f"head{head}" / f"h{head}_llama_bench.md"
     if not path.is_file():
         return {}
     tps: dict[tuple[str, int], float] = {}
@@ -74,14 +73,15 @@ def cuda_tg_ratios(path: Path = CUDA_BENCH) -> dict[str, str]:
 
 
 def render(rows: list[dict[str, object]], meta: dict[str, object], out: Path) -> None:
-    cuda = cuda_tg_ratios()
+    cuda = {h: cuda_tg_ratios(h) for h in (64, 96)}
     lines = ["# TQ cache types by head size (issue 14)", "", f"`{meta['command']}`: {meta['protocol']}.",
              "MSE: the stored block on 10,000 random unit vectors of its block size (q4_0: of 128 values).", "",
              "CPU tg: llama-bench -t 2 -fa 1 tg32 @ d4096 tokens/s over q4_0's, same run (with --speed).",
              "CUDA tg: H100, llama-bench -ngl 99 -fa 1 tg128 @ d4096 / d32768 over q4_0's, one run, on an 8-layer",
-             "head-64 synthetic model (32 heads / 8 KV heads): `RES=... bash scripts/gpu/run_cuda.sh build head64`",
-             "(bench/results/cuda/head64/). CUDA runs the 64-value blocks at head 64; other head sizes that need",
-             "them are refused with a GPU-resident cache (use -nkvo).", "",
+             "head-64 / head-96 synthetic model (32 heads / 8 KV heads): `RES=... bash scripts/gpu/run_cuda.sh build",
+             "head64 head96` (bench/results/cuda/head64/, head96/). CUDA runs the 64-value blocks at head 64 and the",
+             "96-value blocks at head 96 (attention through upstream's f16 kernels after a conversion); head 192",
+             "is refused with a GPU-resident cache (use -nkvo).", "",
              "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | CPU tg vs q4_0 | CUDA tg vs q4_0 "
              "| supported how |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -92,9 +92,22 @@ def render(rows: list[dict[str, object]], meta: dict[str, object], out: Path) ->
         ratio = f"{r['kld_vs_q4_0']:.2f}" if isinstance(r["kld_vs_q4_0"], float) else "-"
         kld = f"{r['kld']:.5f}" if isinstance(r["kld"], float) else "-"
         tg = f"{r['cpu_tg_vs_q4_0']:.2f}" if isinstance(r.get("cpu_tg_vs_q4_0"), float) else "-"
-        gpu = cuda.get(str(r["type"]), "-") if r["head"] == 64 else "-"
+        gpu = cuda.get(int(str(r["head"])), {}).get(str(r["type"]), "-")
         lines.append(f"| {r['head']} | {r['type']} | {r['bits']:.3f} | {r['mse_unit']:.5f} | {kld} | {ratio} | {tg} | "
                      f"{gpu} | {r['supported']} |")  # fmt: skip
+    lines += [
+        "",
+        "Head sizes not in the table:",
+        "",
+        "- 80, 112 (and any size that is not a multiple of 32): refused at context creation with a message",
+        "  naming the head size. llama.cpp refuses its own quantized caches (q4_0, q8_0) there too (their",
+        "  32-value blocks do not divide the head), so only f16/bf16/f32 caches run such models.",
+        "- 160, 224, ... (multiples of 32, not of 64 or 96): refused (q4_0 / q8_0 work).",
+        "- MLA (DeepSeek-style: K 576 = 512 latent + 64 RoPE values, V a 512-value view of K's rows): refused",
+        "  with a message. Both widths are multiples of 64, so the 64-value blocks could hold the cache (V's",
+        "  view would start on a block boundary), but the key transforms and the view path have not run on an",
+        "  MLA model (the synthetic-model writer makes llama-architecture models only): off until tested.",
+    ]
     (out / "head_sizes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
