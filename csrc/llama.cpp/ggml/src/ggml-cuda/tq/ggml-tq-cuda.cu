@@ -589,6 +589,8 @@ int tq_fa_kind_of(ggml_type t) {
         case GGML_TYPE_TQ4:  return TQFA_TQ4;
         case GGML_TYPE_TQ3_64: return TQFA_TQ3_64;
         case GGML_TYPE_TQ4_64: return TQFA_TQ4_64;
+        case GGML_TYPE_TQ3_96: return TQFA_TQ3_96;
+        case GGML_TYPE_TQ4_96: return TQFA_TQ4_96;
         default:             return -1;
     }
 }
@@ -607,10 +609,14 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
     }
     const int64_t D = Q->ne[0];
     const int tk = tq_fa_kind_of(K->type), tv = tq_fa_kind_of(V->type);
-    if ((tq_fa_is_tq64(tk) && tq_fa_is_tq128(tv)) || (tq_fa_is_tq128(tk) && tq_fa_is_tq64(tv))) {
+    if (!tq_fa_pair_ok(tk, tv)) {
         return false; // one head size gives one block size
     }
-    const bool d_ok = tq_fa_slice(tk, tv) == 64 ? D == 64 : (D == 128 || D == 256);
+    if (tq_fa_is_tq96(tk) && !tq_fa_is_tq(tv)) {
+        return false; // a 96-value K with an f16 / q8_0 V: upstream's kernels after a conversion (3 V values a lane)
+    }
+    const int sw = tq_fa_slice(tk, tv);
+    const bool d_ok = sw == 64 ? D == 64 : sw == 96 ? D == 96 : (D == 128 || D == 256);
     if (!d_ok || K->ne[0] != D || V->ne[0] != D) {
         return false;
     }
@@ -708,7 +714,9 @@ bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * 
         case TQFA_TQ3:  tq_fa_run<TQFA_TQ3>(ctx, dst); break;
         case TQFA_TQ4:  tq_fa_run<TQFA_TQ4>(ctx, dst); break;
         case TQFA_TQ3_64: tq_fa_run<TQFA_TQ3_64>(ctx, dst); break;
-        default:        tq_fa_run<TQFA_TQ4_64>(ctx, dst); break;
+        case TQFA_TQ4_64: tq_fa_run<TQFA_TQ4_64>(ctx, dst); break;
+        case TQFA_TQ3_96: tq_fa_run<TQFA_TQ3_96>(ctx, dst); break;
+        default:        tq_fa_run<TQFA_TQ4_96>(ctx, dst); break;
     }
     return true;
 }

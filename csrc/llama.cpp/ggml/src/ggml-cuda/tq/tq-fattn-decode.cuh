@@ -4,7 +4,8 @@
 //
 // Split-K ("flash decoding"): a CUDA block owns one KV head of one sequence, all of its GQA query heads (and up
 // to 8 query rows: C columns), and one chunk of the cache; a second kernel merges the chunks.
-//  - K: the query is rotated once per block (tq_rotate per 128 slice, or per 64 slice for the 64-value kinds) and pre-scaled; each key is scored in
+//  - K: the query is rotated once per block (tq_rotate per 128 slice, or per 64 / 96 slice for the 64- / 96-value
+//    kinds) and pre-scaled; each key is scored in
 //    the rotated domain straight from its codebook indices: s * sum_k m_k * sum_i c[idx_i] * q_rot_i.
 //    One thread per key, the query read from shared memory as a broadcast, so one decode serves C columns.
 //  - V: rows are never un-rotated: the block accumulates sum_t p_t * s_t * m_k * c[idx] in the rotated domain
@@ -19,20 +20,36 @@
 
 #include "tq-cuda-codec.cuh"
 
-enum tq_fa_kind { TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3, TQFA_TQ3_64 = 4, TQFA_TQ4_64 = 5 };
+enum tq_fa_kind {
+    TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3, TQFA_TQ3_64 = 4, TQFA_TQ4_64 = 5, TQFA_TQ3_96 = 6,
+    TQFA_TQ4_96 = 7
+};
 
 static __host__ __device__ constexpr bool tq_fa_is_tq128(int kind) { return kind == TQFA_TQ3 || kind == TQFA_TQ4; }
 static __host__ __device__ constexpr bool tq_fa_is_tq64(int kind) { return kind == TQFA_TQ3_64 || kind == TQFA_TQ4_64; }
-static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) { return tq_fa_is_tq128(kind) || tq_fa_is_tq64(kind); }
-// 32-bit words of one TQ block (52 / 68 / 28 / 36 bytes).
+static __host__ __device__ constexpr bool tq_fa_is_tq96(int kind) { return kind == TQFA_TQ3_96 || kind == TQFA_TQ4_96; }
+static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) {
+    return tq_fa_is_tq128(kind) || tq_fa_is_tq64(kind) || tq_fa_is_tq96(kind);
+}
+// Values per block of a TQ kind (its rotation size), 0 for f16 / q8_0.
+static __host__ __device__ constexpr int tq_fa_block_n(int kind) {
+    return tq_fa_is_tq128(kind) ? 128 : tq_fa_is_tq64(kind) ? 64 : tq_fa_is_tq96(kind) ? 96 : 0;
+}
+// Whether a K and a V kind can meet: at most one block size (both come from the same head size).
+static __host__ __device__ constexpr bool tq_fa_pair_ok(int tk, int tv) {
+    return tq_fa_block_n(tk) == 0 || tq_fa_block_n(tv) == 0 || tq_fa_block_n(tk) == tq_fa_block_n(tv);
+}
+// 32-bit words of one TQ block (52 / 68 / 28 / 36 / 40 / 52 bytes).
 static __host__ __device__ constexpr int tq_fa_block_words(int kind) {
     return kind == TQFA_TQ3 ? TQ3_BLOCK_WORDS : kind == TQFA_TQ4 ? TQ4_BLOCK_WORDS
-         : kind == TQFA_TQ3_64 ? TQ3_64_BLOCK_BYTES / 4 : TQ4_64_BLOCK_BYTES / 4;
+         : kind == TQFA_TQ3_64 ? TQ3_64_BLOCK_BYTES / 4 : kind == TQFA_TQ4_64 ? TQ4_64_BLOCK_BYTES / 4
+         : kind == TQFA_TQ3_96 ? TQ3_96_BLOCK_BYTES / 4 : TQ4_96_BLOCK_BYTES / 4;
 }
-// The kernel's slice width: the rotation size of its TQ side(s), 64 when one of them has 64-value blocks (a 64
-// kind never meets a 128 kind: both come from the same head size). V is accumulated SW / 32 coordinates per lane
-// per slice, and the query is rotated per slice.
-static __host__ __device__ constexpr int tq_fa_slice(int tk, int tv) { return tq_fa_is_tq64(tk) || tq_fa_is_tq64(tv) ? 64 : 128; }
+// The kernel's slice width: the rotation size of its TQ side(s) (64, 96 or 128). V is accumulated SW / 32
+// coordinates per lane per slice, and the query is rotated per slice.
+static __host__ __device__ constexpr int tq_fa_slice(int tk, int tv) {
+    return tq_fa_block_n(tk) ? tq_fa_block_n(tk) : tq_fa_block_n(tv) ? tq_fa_block_n(tv) : 128;
+}
 
 #define TQ_FA_THREADS 128
 #define TQ_FA_TILE    128
@@ -227,6 +244,56 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                 sc[c] += s * bsum[c];
             }
         }
+    } else if constexpr (tq_fa_is_tq96(TK)) { // sub-blocks of 24 values; cb holds the d = 96 codebooks here
+        constexpr int BW = tq_fa_block_words(TK);
+        const float * cent = TK == TQFA_TQ3_96 ? cb : cb + 8;
+#pragma unroll
+        for (int b = 0; b < D / 96; ++b) {
+            const uint32_t * blk = krow + b * BW;
+            const uint32_t h = blk[0];
+            float bsum[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                bsum[c] = 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float a[C];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    a[c] = 0.0f;
+                }
+                const float * q = qs + (b * 96 + 24 * k) * C;
+                if constexpr (TK == TQFA_TQ3_96) { // 72 bits from bit 72k of the 9 index words
+#pragma unroll
+                    for (int i = 0; i < 24; ++i) {
+                        const int bit = 72 * k + 3 * i, wi = bit >> 5, sh = bit & 31;
+                        const uint32_t bits = sh <= 29 ? (blk[1 + wi] >> sh) : __funnelshift_r(blk[1 + wi], blk[2 + wi], sh);
+                        tq_fa_fma_q<C>(a, cent[bits & 7u], q + i * C);
+                    }
+                } else { // bytes 24 (k & 1) .. +23, low nibbles for sub-blocks 0-1, high for 2-3
+                    const int nib = k >= 2 ? 4 : 0;
+#pragma unroll
+                    for (int wj = 0; wj < 6; ++wj) {
+                        const uint32_t w = blk[1 + 6 * (k & 1) + wj];
+#pragma unroll
+                        for (int n = 0; n < 4; ++n) {
+                            tq_fa_fma_q<C>(a, cent[(w >> (8 * n + nib)) & 15u], q + (4 * wj + n) * C);
+                        }
+                    }
+                }
+                const float m = cb[24 + ((h >> (16 + 4 * k)) & 15u)];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    bsum[c] += m * a[c];
+                }
+            }
+            const float s = tq_cu_bf16_to_fp32(h & 0xffffu);
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                sc[c] += s * bsum[c];
+            }
+        }
     } else if constexpr (TK == TQFA_F16) {
         const half2 * r = reinterpret_cast<const half2 *>(kg);
 #pragma unroll 8
@@ -311,6 +378,31 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], c
             for (int c = 0; c < C; ++c) {
                 w[c] = pw[c] * sm;
             }
+        } else if constexpr (tq_fa_is_tq96(TV)) { // coordinates 3 lane .. 3 lane + 2: sub-block lane / 8
+            constexpr int BW = tq_fa_block_words(TV);
+            const uint32_t * blk = vrow + b * BW;
+            const uint32_t h = blk[0];
+            const float sm = tq_cu_bf16_to_fp32(h & 0xffffu) * cb[24 + ((h >> (16 + 4 * (lane >> 3))) & 15u)];
+            if constexpr (TV == TQFA_TQ3_96) {
+                const int bit = 9 * lane;
+                const uint32_t bits = __funnelshift_r(blk[1 + (bit >> 5)], blk[2 + (bit >> 5)], bit & 31);
+#pragma unroll
+                for (int j = 0; j < 3; ++j) {
+                    v[j] = cb[(bits >> (3 * j)) & 7u];
+                }
+            } else { // bytes 3 (lane & 15) .. +2: low nibbles (values < 48) or high nibbles (values 48..95)
+                const int byte = 3 * (lane & 15);
+                const uint32_t bits = __funnelshift_r(blk[1 + (byte >> 2)], blk[2 + (byte >> 2)], 8 * (byte & 3)) >>
+                                      (lane >= 16 ? 4 : 0);
+#pragma unroll
+                for (int j = 0; j < 3; ++j) {
+                    v[j] = cb[8 + ((bits >> (8 * j)) & 15u)];
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                w[c] = pw[c] * sm;
+            }
         } else if constexpr (TV == TQFA_F16) {
             const half2 * r = reinterpret_cast<const half2 *>(vg + 2 * (SW * b + VPL * lane));
 #pragma unroll
@@ -367,10 +459,10 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
 
     if (tid < 8) {
-        cb[tid] = SW == 64 ? p.tab.cent3_64[tid] : p.tab.cent3[tid];
+        cb[tid] = SW == 64 ? p.tab.cent3_64[tid] : SW == 96 ? p.tab.cent3_96[tid] : p.tab.cent3[tid];
     }
     if (tid < 16) {
-        cb[8 + tid]  = SW == 64 ? p.tab.cent4_64[tid] : p.tab.cent4[tid];
+        cb[8 + tid]  = SW == 64 ? p.tab.cent4_64[tid] : SW == 96 ? p.tab.cent4_96[tid] : p.tab.cent4[tid];
         cb[24 + tid] = p.tab.sub[tid];
     }
 
@@ -396,16 +488,28 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 #pragma unroll
             for (int r = 0; r < VPL; ++r) {
                 const int i = lane + 32 * r;
-                v[r] = qs[(SW * b + i) * C + c] * (SW == 64 ? tq_cu_sign64(p.tab, i) : tq_cu_sign(p.tab, i));
+                v[r] = qs[(SW * b + i) * C + c] * (SW == 64   ? tq_cu_sign64(p.tab, i)
+                                                   : SW == 96 ? tq_cu_sign96(p.tab, i)
+                                                              : tq_cu_sign(p.tab, i));
             }
             if constexpr (SW == 64) {
                 tq_cu_fwht_warp64(v, lane);
+            } else if constexpr (SW == 96) { // a 32-point transform of each third, then the mix (in registers)
+#pragma unroll
+                for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+                    for (int r = 0; r < 3; ++r) {
+                        v[r] = tq_cu_wht_lane_stage(v[r], lane, h);
+                    }
+                }
+                tq_cu_mix3(v);
             } else {
                 tq_cu_fwht_warp(v, lane);
             }
 #pragma unroll
             for (int r = 0; r < VPL; ++r) {
-                qs[(SW * b + lane + 32 * r) * C + c] = v[r] * (SW == 64 ? TQ_WHT_NORM_64 : TQ_WHT_NORM);
+                qs[(SW * b + lane + 32 * r) * C + c] =
+                    v[r] * (SW == 64 ? TQ_WHT_NORM_64 : SW == 96 ? TQ_WHT_NORM_96 : TQ_WHT_NORM);
             }
         }
         __syncthreads();
@@ -546,11 +650,28 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 }
 
 // A finished output row (a warp; o[r] is d = lane + 32 r, normalized): un-rotates a TQ V result once (VROT: the
-// rotation size, 128 or 64; 0 for none) and writes it.
+// rotation size, 128, 96 or 64; 0 for none) and writes it.
 template <int D, int VROT>
 static __device__ __forceinline__ void tq_fa_out_row(float (&o)[D / 32], int lane, const tq_cu_tables & tab,
                                                      float * drow) {
-    if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice: o[2 s + r] is d = 64 s + lane + 32 r
+    if constexpr (VROT == 96) { // x = D M y per 96 slice: o[3 s + r] is d = 96 s + lane + 32 r
+#pragma unroll
+        for (int sl = 0; sl < D / 96; ++sl) {
+            float * v = o + 3 * sl;
+#pragma unroll
+            for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+                for (int r = 0; r < 3; ++r) {
+                    v[r] = tq_cu_wht_lane_stage(v[r], lane, h);
+                }
+            }
+            tq_cu_mix3(v);
+#pragma unroll
+            for (int r = 0; r < 3; ++r) {
+                v[r] *= TQ_WHT_NORM_96 * tq_cu_sign96(tab, lane + 32 * r);
+            }
+        }
+    } else if constexpr (VROT == 64) { // x = D H y / sqrt(64) per 64 slice: o[2 s + r] is d = 64 s + lane + 32 r
 #pragma unroll
         for (int sl = 0; sl < D / 64; ++sl) {
             float * v = o + 2 * sl;
@@ -577,7 +698,7 @@ static __device__ __forceinline__ void tq_fa_out_row(float (&o)[D / 32], int lan
     }
 }
 
-// Merges the chunks of a column, un-rotates a TQ V result once (VROT: the rotation size, 128 or 64; 0 for none),
+// Merges the chunks of a column, un-rotates a TQ V result once (VROT: the rotation size, 128, 96 or 64; 0 for none),
 // writes dst (f32 [DV, n_head, n_q, n_seq]). 128-thread blocks; with few chunks a warp per column (4 columns a
 // block, no barrier), with many (one sequence's decode: ~128) the 4 warps of a block share a column's chunks and
 // add up through shared memory once. Chunk weights stay in registers, shuffled to the lanes. (A block per column

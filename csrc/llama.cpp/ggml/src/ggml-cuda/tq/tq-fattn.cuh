@@ -15,6 +15,8 @@ template <> void tq_fa_run<TQFA_TQ3>(ggml_backend_cuda_context & ctx, ggml_tenso
 template <> void tq_fa_run<TQFA_TQ4>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 template <> void tq_fa_run<TQFA_TQ3_64>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 template <> void tq_fa_run<TQFA_TQ4_64>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+template <> void tq_fa_run<TQFA_TQ3_96>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+template <> void tq_fa_run<TQFA_TQ4_96>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
 int tq_fa_kind_of(ggml_type t);
 
@@ -47,7 +49,7 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     if (p.dst != nullptr) {
         return;
     }
-    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : tq_fa_is_tq(TV) ? 128 : 0><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, 0, stream>>>(
+    tq_fa_merge_kernel<D, tq_fa_block_n(TV)><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, 0, stream>>>(
         p.part, p.ml, sinks ? (const float *) sinks->data : nullptr, (char *) dst->data, dst->nb[1], dst->nb[2],
         dst->nb[3], n_chunks, p.n_cols_total, C, p.n_groups, n_kvh, p.tpg, p.gqa, p.n_q, p.tab);
     CUDA_CHECK(cudaGetLastError());
@@ -72,11 +74,14 @@ static void tq_fa_run_dv(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 }
 
-// Head sizes: 128 and 256 with the 128-value blocks, 64 with the 64-value ones (ggml_cuda_tq_fattn_handles).
+// Head sizes: 128 and 256 with the 128-value blocks, 64 / 96 with the 64- / 96-value ones
+// (ggml_cuda_tq_fattn_handles).
 template <int TK, int TV>
 static void tq_fa_run_v(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     if constexpr (tq_fa_slice(TK, TV) == 64) {
         tq_fa_run_dv<64, TK, TV>(ctx, dst);
+    } else if constexpr (tq_fa_slice(TK, TV) == 96) {
+        tq_fa_run_dv<96, TK, TV>(ctx, dst);
     } else if (dst->src[0]->ne[0] == 128) {
         tq_fa_run_dv<128, TK, TV>(ctx, dst);
     } else {
@@ -84,15 +89,26 @@ static void tq_fa_run_v(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 }
 
-// The pairs: a TQ K with f16, q8_0 or a TQ V of the same block size; f16 / q8_0 K with any TQ V.
+// The pairs: a TQ K with f16, q8_0 (not for the 96-value kinds: see ggml_cuda_tq_fattn_handles) or a TQ V of the
+// same block size; f16 / q8_0 K with any TQ V.
+#define TQ_FA_RUN_PAIR(TK, TV)                                                                                   \
+    case TV:                                                                                                     \
+        if constexpr ((tq_fa_is_tq(TK) || tq_fa_is_tq(TV)) && tq_fa_pair_ok(TK, TV) &&                           \
+                      !(tq_fa_is_tq96(TK) && !tq_fa_is_tq(TV))) {                                                \
+            tq_fa_run_v<TK, TV>(ctx, dst);                                                                       \
+        }                                                                                                        \
+        break;
 #define TQ_FA_DEFINE_RUN(TK)                                                           \
     template <> void tq_fa_run<TK>(ggml_backend_cuda_context & ctx, ggml_tensor * dst) { \
         switch (tq_fa_kind_of(dst->src[2]->type)) {                                    \
-            case TQFA_F16:  if constexpr (tq_fa_is_tq(TK)) { tq_fa_run_v<TK, TQFA_F16>(ctx, dst); } break;  \
-            case TQFA_Q8_0: if constexpr (tq_fa_is_tq(TK)) { tq_fa_run_v<TK, TQFA_Q8_0>(ctx, dst); } break; \
-            case TQFA_TQ3:  if constexpr (!tq_fa_is_tq64(TK)) { tq_fa_run_v<TK, TQFA_TQ3>(ctx, dst); } break;  \
-            case TQFA_TQ4:  if constexpr (!tq_fa_is_tq64(TK)) { tq_fa_run_v<TK, TQFA_TQ4>(ctx, dst); } break;  \
-            case TQFA_TQ3_64: if constexpr (!tq_fa_is_tq128(TK)) { tq_fa_run_v<TK, TQFA_TQ3_64>(ctx, dst); } break; \
-            default:        if constexpr (!tq_fa_is_tq128(TK)) { tq_fa_run_v<TK, TQFA_TQ4_64>(ctx, dst); } break; \
+            TQ_FA_RUN_PAIR(TK, TQFA_F16)                                               \
+            TQ_FA_RUN_PAIR(TK, TQFA_Q8_0)                                              \
+            TQ_FA_RUN_PAIR(TK, TQFA_TQ3)                                               \
+            TQ_FA_RUN_PAIR(TK, TQFA_TQ4)                                               \
+            TQ_FA_RUN_PAIR(TK, TQFA_TQ3_64)                                            \
+            TQ_FA_RUN_PAIR(TK, TQFA_TQ4_64)                                            \
+            TQ_FA_RUN_PAIR(TK, TQFA_TQ3_96)                                            \
+            TQ_FA_RUN_PAIR(TK, TQFA_TQ4_96)                                            \
+            default: break;                                                            \
         }                                                                              \
     }
