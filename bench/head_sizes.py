@@ -80,8 +80,8 @@ def render(rows: list[dict[str, object]], meta: dict[str, object], out: Path) ->
              "CUDA tg: H100, llama-bench -ngl 99 -fa 1 tg128 @ d4096 / d32768 over q4_0's, one run, on an 8-layer",
              "head-64 / head-96 synthetic model (32 heads / 8 KV heads): `RES=... bash scripts/gpu/run_cuda.sh build",
              "head64 head96` (bench/results/cuda/head64/, head96/). CUDA runs the 64-value blocks at head 64 and the",
-             "96-value blocks at head 96 (attention through upstream's f16 kernels after a conversion); head 192",
-             "is refused with a GPU-resident cache (use -nkvo).", "",
+             "96-value blocks at head 96 (decode in the TQ kernels, prefill through upstream's f16 kernels); head",
+             "192 is refused with a GPU-resident cache (use -nkvo).", "",
              "| head | type | bits/value | MSE | KLD vs f16 | KLD vs q4_0 | CPU tg vs q4_0 | CUDA tg vs q4_0 "
              "| supported how |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
