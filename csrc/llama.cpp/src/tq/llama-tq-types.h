@@ -30,8 +30,7 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
 // The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64- or 96-value blocks where a head size
 // needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
 // offload_kqv: layers whose device is not the CPU keep their KV there; of the GPU backends only CUDA has kernels for
-// the 64- and 96-value blocks, and its flash attention (upstream's too) takes head sizes 64 and 96 among these sizes
-// (96 through upstream's f16 kernels after a conversion).
+// the 64- and 96-value blocks, and its flash attention (upstream's too) takes head sizes 64 and 96 among these sizes.
 inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
     if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
         return t;
@@ -67,7 +66,8 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
         if (head % 64 != 0 && head % 96 != 0) {
             LLAMA_LOG_ERROR("%s: %s cache type %s does not support head size %u (layer %u): TQ types need a multiple "
                             "of 64 or 96 (128-value blocks for multiples of 128, 64- or 96-value blocks otherwise); "
-                            "use q4_0 or q8_0\n", __func__, side, ggml_type_name(t), head, il);
+                            "use f16, or q8_0 / q4_0 where the head size is a multiple of 32\n", __func__, side,
+                            ggml_type_name(t), head, il);
             return GGML_TYPE_COUNT;
         }
     }
