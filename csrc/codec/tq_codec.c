@@ -503,51 +503,50 @@ float tq_dot_rotated_row(int bits, const void *src, const float *q_rot, int64_t 
     return tq_dot_rotated_row_n(bits, TQ_BLOCK, src, q_rot, n);
 }
 
-void tq_rotate_row(const float *x, void *y, int64_t k) {
-    for (int64_t b = 0; b < k / TQ_BLOCK; ++b) {
-        tq_rotate(x + b * TQ_BLOCK, (float *)y + b * TQ_BLOCK);
+/* Rows of a format's blocks (row length k, a whole number of blocks: ggml guarantees it): the ggml-style entry
+ * points of every block size below share these. */
+static void tq_rotate_rows_fmt(const tq_fmt *f, const float *x, float *y, int64_t k) {
+    for (int64_t b = 0; b < k / f->n; ++b) {
+        tq_rotate_fmt(f, x + b * f->n, y + b * f->n);
     }
 }
 
-void tq_unrotate_row(const void *y, float *x, int64_t k) {
-    for (int64_t b = 0; b < k / TQ_BLOCK; ++b) {
-        tq_unrotate((const float *)y + b * TQ_BLOCK, x + b * TQ_BLOCK);
+static void tq_unrotate_rows_fmt(const tq_fmt *f, const float *y, float *x, int64_t k) {
+    for (int64_t b = 0; b < k / f->n; ++b) {
+        tq_unrotate_fmt(f, y + b * f->n, x + b * f->n);
     }
 }
+
+/* ggml_quantize_chunk's contract: bytes written, 0 if n_per_row is not a whole number of blocks. */
+static size_t tq_quantize_chunk_n(int bits, int n, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
+    if (n_per_row % n != 0 || tq_quantize_row_n(bits, n, src, dst, nrows * n_per_row) != 0) {
+        return 0;
+    }
+    return (size_t)(nrows * (n_per_row / n)) * tq_block_bytes_n(bits, n);
+}
+
+void tq_rotate_row(const float *x, void *y, int64_t k) { tq_rotate_rows_fmt(&TQ_FMT3, x, (float *)y, k); }
+void tq_unrotate_row(const void *y, float *x, int64_t k) { tq_unrotate_rows_fmt(&TQ_FMT3, (const float *)y, x, k); }
 
 void tq3_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row(3, x, dst, k); }
 void tq4_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row(4, x, dst, k); }
 void tq3_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row(3, src, y, k); }
 void tq4_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row(4, src, y, k); }
 
-static size_t quantize_rows(int bits, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
-    if (n_per_row % TQ_BLOCK != 0 || tq_quantize_row(bits, src, dst, nrows * n_per_row) != 0) {
-        return 0;
-    }
-    return (size_t)(nrows * (n_per_row / TQ_BLOCK)) * tq_block_bytes(bits);
-}
-
 size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
-    return quantize_rows(3, src, dst, nrows, n_per_row);
+    return tq_quantize_chunk_n(3, TQ_BLOCK, src, dst, nrows, n_per_row);
 }
 
 size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
-    return quantize_rows(4, src, dst, nrows, n_per_row);
+    return tq_quantize_chunk_n(4, TQ_BLOCK, src, dst, nrows, n_per_row);
 }
 
 /* ggml-style entry points of the 64-value blocks (row length k, a multiple of 64). */
-void tq_rotate_row_64(const float *x, void *y, int64_t k) {
-    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b) {
-        tq_rotate_fmt(&TQ_FMT3_64, x + b * TQ_BLOCK_64, (float *)y + b * TQ_BLOCK_64);
-    }
-}
-
+void tq_rotate_row_64(const float *x, void *y, int64_t k) { tq_rotate_rows_fmt(&TQ_FMT3_64, x, (float *)y, k); }
 void tq_unrotate_row_64(const void *y, float *x, int64_t k) {
-    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b) {
-        tq_unrotate_fmt(&TQ_FMT3_64, (const float *)y + b * TQ_BLOCK_64, x + b * TQ_BLOCK_64);
-    }
+    tq_unrotate_rows_fmt(&TQ_FMT3_64, (const float *)y, x, k);
 }
 
 void tq3_64_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_64, x, dst, k); }
@@ -555,54 +554,37 @@ void tq4_64_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quanti
 void tq3_64_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(3, TQ_BLOCK_64, src, y, k); }
 void tq4_64_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(4, TQ_BLOCK_64, src, y, k); }
 
-static size_t quantize_rows_64(int bits, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
-    if (n_per_row % TQ_BLOCK_64 != 0 || tq_quantize_row_n(bits, TQ_BLOCK_64, src, dst, nrows * n_per_row) != 0) {
-        return 0;
-    }
-    return (size_t)(nrows * (n_per_row / TQ_BLOCK_64)) * tq_block_bytes_n(bits, TQ_BLOCK_64);
-}
-
 size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
-    return quantize_rows_64(3, src, dst, nrows, n_per_row);
+    return tq_quantize_chunk_n(3, TQ_BLOCK_64, src, dst, nrows, n_per_row);
 }
 
 size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
-    return quantize_rows_64(4, src, dst, nrows, n_per_row);
+    return tq_quantize_chunk_n(4, TQ_BLOCK_64, src, dst, nrows, n_per_row);
 }
 
 /* ggml-style entry points of the 96-value blocks (row length k, a multiple of 96). */
-void tq_rotate_row_96(const float *x, void *y, int64_t k) {
-    for (int64_t b = 0; b < k / TQ_BLOCK_96; ++b) {
-        tq_rotate_fmt(&TQ_FMT3_96, x + b * TQ_BLOCK_96, (float *)y + b * TQ_BLOCK_96);
-    }
-}
-
+void tq_rotate_row_96(const float *x, void *y, int64_t k) { tq_rotate_rows_fmt(&TQ_FMT3_96, x, (float *)y, k); }
 void tq_unrotate_row_96(const void *y, float *x, int64_t k) {
-    for (int64_t b = 0; b < k / TQ_BLOCK_96; ++b) {
-        tq_unrotate_fmt(&TQ_FMT3_96, (const float *)y + b * TQ_BLOCK_96, x + b * TQ_BLOCK_96);
-    }
+    tq_unrotate_rows_fmt(&TQ_FMT3_96, (const float *)y, x, k);
 }
 
 void tq3_96_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_96, x, dst, k); }
 void tq4_96_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_96, x, dst, k); }
-void tq3_96_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(3, TQ_BLOCK_96, src, y, k); }
-void tq4_96_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(4, TQ_BLOCK_96, src, y, k); }
-
-static size_t quantize_rows_96(int bits, const float *src, void *dst, int64_t nrows, int64_t n_per_row) {
-    if (n_per_row % TQ_BLOCK_96 != 0 || tq_quantize_row_n(bits, TQ_BLOCK_96, src, dst, nrows * n_per_row) != 0) {
-        return 0;
-    }
-    return (size_t)(nrows * (n_per_row / TQ_BLOCK_96)) * tq_block_bytes_n(bits, TQ_BLOCK_96);
+void tq3_96_dequantize_row(const void *src, float *y, int64_t k) {
+    (void)tq_dequantize_row_n(3, TQ_BLOCK_96, src, y, k);
+}
+void tq4_96_dequantize_row(const void *src, float *y, int64_t k) {
+    (void)tq_dequantize_row_n(4, TQ_BLOCK_96, src, y, k);
 }
 
 size_t quantize_tq3_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
-    return quantize_rows_96(3, src, dst, nrows, n_per_row);
+    return tq_quantize_chunk_n(3, TQ_BLOCK_96, src, dst, nrows, n_per_row);
 }
 
 size_t quantize_tq4_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
     (void)imatrix;
-    return quantize_rows_96(4, src, dst, nrows, n_per_row);
+    return tq_quantize_chunk_n(4, TQ_BLOCK_96, src, dst, nrows, n_per_row);
 }

@@ -348,6 +348,75 @@ void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k) {
 
 void ggml_tq_unrotate_inplace(float *v, int64_t n) { tq_unrotate_row(v, v, n); }
 
+/* Blocks of nb = 64 or 96 values, 8 per instruction (AVX2; under AVX-512 the 64-value blocks have 16-wide code of
+ * their own). Sub-block k is values (nb/4)k .. (nb/4)(k+1)-1, nb/32 groups of 8: for tq3 the 3-byte groups
+ * (nb/32)k + j; for tq4 the low (k < 2) or high (k >= 2) nibbles of bytes (nb/4)(k & 1) + 8j .. (byte i holds
+ * values i and i + nb/2). Without AVX2: the codec's C loops. */
+#if defined(GGML_TQ_AVX2)
+static inline __m256 tqn_lookup8(int bits, int nb, __m256 lo, __m256 hi, const uint8_t *p, int k, int j) {
+    if (bits == 3) {
+        return tq3_lookup(lo, tq3_indices8(p, nb / 32 * k + j));
+    }
+    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + nb / 4 * (k & 1) + 8 * j)));
+    const __m256i idx = _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)),
+                                         _mm256_set1_epi32(15));
+    return tq4_lookup(lo, hi, idx);
+}
+
+static float tqn_dot(int bits, int nb, int n, const uint8_t *x, const float *q) {
+    const float *sub = tq_subscales();
+    const float *cent = tq_centroids_n(bits, nb);
+    const __m256 lo = _mm256_loadu_ps(cent);
+    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
+    const size_t bb = tq_block_bytes_n(bits, nb);
+    const int len = nb / 4;
+    __m256 total = _mm256_setzero_ps();
+    for (int b = 0; b < n / nb; ++b, x += bb, q += nb) {
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m256 blk = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            __m256 acc = _mm256_mul_ps(tqn_lookup8(bits, nb, lo, hi, p, k, 0), _mm256_loadu_ps(q + len * k));
+            for (int j = 1; j < nb / 32; ++j) {
+                const __m256 c = tqn_lookup8(bits, nb, lo, hi, p, k, j);
+                acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(q + len * k + 8 * j), acc);
+            }
+            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    return tq_hsum(total);
+}
+
+static void tqn_to_float_rotated(int bits, int nb, const uint8_t *x, float *y, int64_t k) {
+    const float *sub = tq_subscales();
+    const float *cent = tq_centroids_n(bits, nb);
+    const __m256 lo = _mm256_loadu_ps(cent);
+    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
+    const size_t bb = tq_block_bytes_n(bits, nb);
+    const int len = nb / 4;
+    for (int64_t b = 0; b < k / nb; ++b, x += bb, y += nb) {
+        const float s = tq_scale_of(x);
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        for (int kk = 0; kk < 4; ++kk) {
+            const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
+            for (int j = 0; j < nb / 32; ++j) {
+                _mm256_storeu_ps(y + len * kk + 8 * j, _mm256_mul_ps(f, tqn_lookup8(bits, nb, lo, hi, p, kk, j)));
+            }
+        }
+    }
+}
+#else
+static float tqn_dot(int bits, int nb, int n, const uint8_t *x, const float *q) {
+    return tq_dot_rotated_row_n(bits, nb, x, q, n);
+}
+
+static void tqn_to_float_rotated(int bits, int nb, const uint8_t *x, float *y, int64_t k) {
+    (void)tq_dequantize_row_rotated_n(bits, nb, x, y, k);
+}
+#endif
+
 /* The 64-value blocks (heads that are not a multiple of 128). Quantizing is the codec's C code (one row per token
  * and KV head); the K dot and the FA V rows, which run over the whole cache, have SIMD versions. Sub-block k is
  * values 16k..16k+15: for tq3 the 3-byte groups 2k and 2k+1, as in the 128-value layout; for tq4 the low (k < 2)
@@ -407,67 +476,11 @@ static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t 
         }
     }
 }
-#elif defined(GGML_TQ_AVX2)
-/* The 8 indices of values 16k + 8j.. of a 64-value block. */
-static inline __m256i tq64_indices8(int bits, const uint8_t *p, int k, int j) {
-    if (bits == 3) {
-        return tq3_indices8(p, 2 * k + j);
-    }
-    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 16 * (k & 1) + 8 * j)));
-    return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm256_set1_epi32(15));
-}
-
-static inline __m256 tq64_lookup8(int bits, __m256 lo, __m256 hi, const uint8_t *p, int k, int j) {
-    const __m256i idx = tq64_indices8(bits, p, k, j);
-    return bits == 3 ? tq3_lookup(lo, idx) : tq4_lookup(lo, hi, idx);
-}
-
-static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) {
-    const float *sub = tq_subscales();
-    const float *cent = tq_centroids_n(bits, TQ_BLOCK_64);
-    const __m256 lo = _mm256_loadu_ps(cent);
-    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
-    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
-    __m256 total = _mm256_setzero_ps();
-    for (int b = 0; b < n / TQ_BLOCK_64; ++b, x += bb, q += TQ_BLOCK_64) {
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        __m256 blk = _mm256_setzero_ps();
-        for (int k = 0; k < 4; ++k) {
-            __m256 acc = _mm256_mul_ps(tq64_lookup8(bits, lo, hi, p, k, 0), _mm256_loadu_ps(q + 16 * k));
-            acc = _mm256_fmadd_ps(tq64_lookup8(bits, lo, hi, p, k, 1), _mm256_loadu_ps(q + 16 * k + 8), acc);
-            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
-        }
-        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
-    }
-    return tq_hsum(total);
-}
-
-static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
-    const float *sub = tq_subscales();
-    const float *cent = tq_centroids_n(bits, TQ_BLOCK_64);
-    const __m256 lo = _mm256_loadu_ps(cent);
-    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
-    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
-    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b, x += bb, y += TQ_BLOCK_64) {
-        const float s = tq_scale_of(x);
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        for (int kk = 0; kk < 4; ++kk) {
-            const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
-            for (int j = 0; j < 2; ++j) {
-                _mm256_storeu_ps(y + 16 * kk + 8 * j, _mm256_mul_ps(f, tq64_lookup8(bits, lo, hi, p, kk, j)));
-            }
-        }
-    }
-}
 #else
-static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) {
-    return tq_dot_rotated_row_n(bits, TQ_BLOCK_64, x, q, n);
-}
+static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) { return tqn_dot(bits, TQ_BLOCK_64, n, x, q); }
 
 static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
-    (void)tq_dequantize_row_rotated_n(bits, TQ_BLOCK_64, x, y, k);
+    tqn_to_float_rotated(bits, TQ_BLOCK_64, x, y, k);
 }
 #endif
 
@@ -487,90 +500,31 @@ static void tq3_64_to_float_rotated(const void *x, float *y, int64_t k) { tq64_t
 static void tq4_64_to_float_rotated(const void *x, float *y, int64_t k) { tq64_to_float_rotated(4, x, y, k); }
 static void tq_unrotate_64_inplace(float *v, int64_t n) { tq_unrotate_row_64(v, v, n); }
 
-/* The 96-value blocks (heads of 96: Phi-3). Quantizing is the codec's C code; the K dot and the FA V rows run 8
- * values per instruction (AVX2, also under AVX-512). Sub-block k is values 24k..24k+23: for tq3 the 3-byte groups
- * 3k..3k+2; for tq4 the low (k < 2) or high (k >= 2) nibbles of bytes 24(k & 1).. (byte j holds values j and
- * j + 48). */
+/* The 96-value blocks (heads of 96: Phi-3). Quantizing is the codec's C code; the K dot and the FA V rows are
+ * tqn_dot / tqn_to_float_rotated (8 values per instruction under AVX2 and AVX-512). */
 void ggml_tq3_96_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_96, x, y, k); }
 void ggml_tq4_96_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_96, x, y, k); }
 void ggml_tq_qrot_96_from_float(const float *x, void *y, int64_t k) { tq_rotate_row_96(x, y, k); }
 
-#if defined(GGML_TQ_AVX2)
-/* The centroids of values 24k + 8j.. of a 96-value block (j = 0..2). */
-static inline __m256 tq96_lookup8(int bits, __m256 lo, __m256 hi, const uint8_t *p, int k, int j) {
-    if (bits == 3) {
-        return tq3_lookup(lo, tq3_indices8(p, 3 * k + j));
-    }
-    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 24 * (k & 1) + 8 * j)));
-    const __m256i idx = _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)),
-                                         _mm256_set1_epi32(15));
-    return tq4_lookup(lo, hi, idx);
-}
-
-static float tq96_dot(int bits, int n, const uint8_t *x, const float *q) {
-    const float *sub = tq_subscales();
-    const float *cent = tq_centroids_n(bits, TQ_BLOCK_96);
-    const __m256 lo = _mm256_loadu_ps(cent);
-    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
-    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_96);
-    __m256 total = _mm256_setzero_ps();
-    for (int b = 0; b < n / TQ_BLOCK_96; ++b, x += bb, q += TQ_BLOCK_96) {
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        __m256 blk = _mm256_setzero_ps();
-        for (int k = 0; k < 4; ++k) {
-            __m256 acc = _mm256_mul_ps(tq96_lookup8(bits, lo, hi, p, k, 0), _mm256_loadu_ps(q + 24 * k));
-            acc = _mm256_fmadd_ps(tq96_lookup8(bits, lo, hi, p, k, 1), _mm256_loadu_ps(q + 24 * k + 8), acc);
-            acc = _mm256_fmadd_ps(tq96_lookup8(bits, lo, hi, p, k, 2), _mm256_loadu_ps(q + 24 * k + 16), acc);
-            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
-        }
-        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
-    }
-    return tq_hsum(total);
-}
-
-static void tq96_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
-    const float *sub = tq_subscales();
-    const float *cent = tq_centroids_n(bits, TQ_BLOCK_96);
-    const __m256 lo = _mm256_loadu_ps(cent);
-    const __m256 hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : lo;
-    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_96);
-    for (int64_t b = 0; b < k / TQ_BLOCK_96; ++b, x += bb, y += TQ_BLOCK_96) {
-        const float s = tq_scale_of(x);
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        for (int kk = 0; kk < 4; ++kk) {
-            const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
-            for (int j = 0; j < 3; ++j) {
-                _mm256_storeu_ps(y + 24 * kk + 8 * j, _mm256_mul_ps(f, tq96_lookup8(bits, lo, hi, p, kk, j)));
-            }
-        }
-    }
-}
-#else
-static float tq96_dot(int bits, int n, const uint8_t *x, const float *q) {
-    return tq_dot_rotated_row_n(bits, TQ_BLOCK_96, x, q, n);
-}
-
-static void tq96_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
-    (void)tq_dequantize_row_rotated_n(bits, TQ_BLOCK_96, x, y, k);
-}
-#endif
 
 void ggml_vec_dot_tq3_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                               int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tq96_dot(3, n, (const uint8_t *)vx, (const float *)vy);
+    *s = tqn_dot(3, TQ_BLOCK_96, n, (const uint8_t *)vx, (const float *)vy);
 }
 
 void ggml_vec_dot_tq4_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                               int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tq96_dot(4, n, (const uint8_t *)vx, (const float *)vy);
+    *s = tqn_dot(4, TQ_BLOCK_96, n, (const uint8_t *)vx, (const float *)vy);
 }
 
-static void tq3_96_to_float_rotated(const void *x, float *y, int64_t k) { tq96_to_float_rotated(3, x, y, k); }
-static void tq4_96_to_float_rotated(const void *x, float *y, int64_t k) { tq96_to_float_rotated(4, x, y, k); }
+static void tq3_96_to_float_rotated(const void *x, float *y, int64_t k) {
+    tqn_to_float_rotated(3, TQ_BLOCK_96, x, y, k);
+}
+static void tq4_96_to_float_rotated(const void *x, float *y, int64_t k) {
+    tqn_to_float_rotated(4, TQ_BLOCK_96, x, y, k);
+}
 static void tq_unrotate_96_inplace(float *v, int64_t n) { tq_unrotate_row_96(v, v, n); }
 
 ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *unrotate) {

@@ -143,6 +143,19 @@ static __device__ __forceinline__ float tq_cu_wht_lane_stage(float v, int lane, 
     return (lane & h) ? tq_fsub(o, v) : tq_fadd(v, o);
 }
 
+// The 96-point rotation's unnormalized transform (tq_codec.c, tq_transform) of a warp's 96 values v[r] = value
+// lane + 32r: a 32-point WHT of each third across the lanes, then the mix in registers.
+static __device__ __forceinline__ void tq_cu_transform96_warp(float v[3], int lane) {
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+        for (int r = 0; r < 3; ++r) {
+            v[r] = tq_cu_wht_lane_stage(v[r], lane, h);
+        }
+    }
+    tq_cu_mix3(v);
+}
+
 // In-place unnormalized WHT of the warp's 128 values v[r] = value lane + 32r (the codec's butterflies:
 // each stage is a fixed set of a+b / a-b pairs, so the order the lanes run them in cannot change a bit).
 static __device__ __forceinline__ void tq_cu_fwht_warp(float v[4], int lane) {
@@ -722,14 +735,7 @@ static __device__ __forceinline__ void tq_cu_dequantize_block96(const tq_cu_tabl
         const int i = lane + 32 * r;
         y[r] = tq_fmul(t.sub[(subs >> (4 * (i / 24))) & 15u], cent[tq_cu_index96<BITS>(blk + TQ_HEADER_BYTES, i)]);
     }
-#pragma unroll
-    for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-        for (int r = 0; r < 3; ++r) {
-            y[r] = tq_cu_wht_lane_stage(y[r], lane, h);
-        }
-    }
-    tq_cu_mix3(y);
+    tq_cu_transform96_warp(y, lane);
 #pragma unroll
     for (int r = 0; r < 3; ++r) {
         y[r] = tq_fmul(tq_fmul(y[r], tq_fmul(TQ_WHT_NORM_96, tq_cu_sign96(t, lane + 32 * r))), s);

@@ -194,11 +194,12 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                 sc[c] += s * bsum[c];
             }
         }
-    } else if constexpr (tq_fa_is_tq64(TK)) { // sub-blocks of 16 values; cb holds the d = 64 codebooks here
-        constexpr int BW = tq_fa_block_words(TK);
-        const float * cent = TK == TQFA_TQ3_64 ? cb : cb + 8;
+    } else if constexpr (tq_fa_is_tq64(TK) || tq_fa_is_tq96(TK)) {
+        // 64- and 96-value blocks: sub-blocks of L = 16 / 24 values; cb holds the block size's codebooks here
+        constexpr int NBV = tq_fa_block_n(TK), L = NBV / 4, BW = tq_fa_block_words(TK);
+        const float * cent = TK == TQFA_TQ3_64 || TK == TQFA_TQ3_96 ? cb : cb + 8;
 #pragma unroll
-        for (int b = 0; b < D / 64; ++b) {
+        for (int b = 0; b < D / NBV; ++b) {
             const uint32_t * blk = krow + b * BW;
             const uint32_t h = blk[0];
             float bsum[C];
@@ -213,69 +214,19 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                 for (int c = 0; c < C; ++c) {
                     a[c] = 0.0f;
                 }
-                const float * q = qs + (b * 64 + 16 * k) * C;
-                if constexpr (TK == TQFA_TQ3_64) { // 48 bits from bit 48k of the 6 index words
+                const float * q = qs + (b * NBV + L * k) * C;
+                if constexpr (TK == TQFA_TQ3_64 || TK == TQFA_TQ3_96) { // 3L bits from bit 3Lk of the index words
 #pragma unroll
-                    for (int i = 0; i < 16; ++i) {
-                        const int bit = 48 * k + 3 * i, wi = bit >> 5, sh = bit & 31;
+                    for (int i = 0; i < L; ++i) {
+                        const int bit = 3 * L * k + 3 * i, wi = bit >> 5, sh = bit & 31;
                         const uint32_t bits = sh <= 29 ? (blk[1 + wi] >> sh) : __funnelshift_r(blk[1 + wi], blk[2 + wi], sh);
                         tq_fa_fma_q<C>(a, cent[bits & 7u], q + i * C);
                     }
-                } else { // bytes 16 (k & 1) .. +15, low nibbles for sub-blocks 0-1, high for 2-3
+                } else { // bytes L (k & 1) .. +L-1, low nibbles for sub-blocks 0-1, high for 2-3
                     const int nib = k >= 2 ? 4 : 0;
 #pragma unroll
-                    for (int wj = 0; wj < 4; ++wj) {
-                        const uint32_t w = blk[1 + 4 * (k & 1) + wj];
-#pragma unroll
-                        for (int n = 0; n < 4; ++n) {
-                            tq_fa_fma_q<C>(a, cent[(w >> (8 * n + nib)) & 15u], q + (4 * wj + n) * C);
-                        }
-                    }
-                }
-                const float m = cb[24 + ((h >> (16 + 4 * k)) & 15u)];
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    bsum[c] += m * a[c];
-                }
-            }
-            const float s = tq_cu_bf16_to_fp32(h & 0xffffu);
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-                sc[c] += s * bsum[c];
-            }
-        }
-    } else if constexpr (tq_fa_is_tq96(TK)) { // sub-blocks of 24 values; cb holds the d = 96 codebooks here
-        constexpr int BW = tq_fa_block_words(TK);
-        const float * cent = TK == TQFA_TQ3_96 ? cb : cb + 8;
-#pragma unroll
-        for (int b = 0; b < D / 96; ++b) {
-            const uint32_t * blk = krow + b * BW;
-            const uint32_t h = blk[0];
-            float bsum[C];
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-                bsum[c] = 0.0f;
-            }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float a[C];
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    a[c] = 0.0f;
-                }
-                const float * q = qs + (b * 96 + 24 * k) * C;
-                if constexpr (TK == TQFA_TQ3_96) { // 72 bits from bit 72k of the 9 index words
-#pragma unroll
-                    for (int i = 0; i < 24; ++i) {
-                        const int bit = 72 * k + 3 * i, wi = bit >> 5, sh = bit & 31;
-                        const uint32_t bits = sh <= 29 ? (blk[1 + wi] >> sh) : __funnelshift_r(blk[1 + wi], blk[2 + wi], sh);
-                        tq_fa_fma_q<C>(a, cent[bits & 7u], q + i * C);
-                    }
-                } else { // bytes 24 (k & 1) .. +23, low nibbles for sub-blocks 0-1, high for 2-3
-                    const int nib = k >= 2 ? 4 : 0;
-#pragma unroll
-                    for (int wj = 0; wj < 6; ++wj) {
-                        const uint32_t w = blk[1 + 6 * (k & 1) + wj];
+                    for (int wj = 0; wj < L / 4; ++wj) {
+                        const uint32_t w = blk[1 + L / 4 * (k & 1) + wj];
 #pragma unroll
                         for (int n = 0; n < 4; ++n) {
                             tq_fa_fma_q<C>(a, cent[(w >> (8 * n + nib)) & 15u], q + (4 * wj + n) * C);
@@ -494,15 +445,8 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
             }
             if constexpr (SW == 64) {
                 tq_cu_fwht_warp64(v, lane);
-            } else if constexpr (SW == 96) { // a 32-point transform of each third, then the mix (in registers)
-#pragma unroll
-                for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-                    for (int r = 0; r < 3; ++r) {
-                        v[r] = tq_cu_wht_lane_stage(v[r], lane, h);
-                    }
-                }
-                tq_cu_mix3(v);
+            } else if constexpr (SW == 96) {
+                tq_cu_transform96_warp(v, lane);
             } else {
                 tq_cu_fwht_warp(v, lane);
             }
@@ -658,14 +602,7 @@ static __device__ __forceinline__ void tq_fa_out_row(float (&o)[D / 32], int lan
 #pragma unroll
         for (int sl = 0; sl < D / 96; ++sl) {
             float * v = o + 3 * sl;
-#pragma unroll
-            for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-                for (int r = 0; r < 3; ++r) {
-                    v[r] = tq_cu_wht_lane_stage(v[r], lane, h);
-                }
-            }
-            tq_cu_mix3(v);
+            tq_cu_transform96_warp(v, lane);
 #pragma unroll
             for (int r = 0; r < 3; ++r) {
                 v[r] *= TQ_WHT_NORM_96 * tq_cu_sign96(tab, lane + 32 * r);
