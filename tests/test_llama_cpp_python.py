@@ -148,3 +148,40 @@ def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no
     stats = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS")).split()
     rounds, evicted = int(stats[1]), int(stats[2])
     assert rounds >= 1 and evicted >= 1400 - 600 - 128 * rounds, proc.stdout
+
+
+FOLD_SCRIPT = textwrap.dedent(
+    """
+    import sys, llama_tq
+    llama_cpp = llama_tq.llama_cpp()
+    llm = llama_cpp.Llama(sys.argv[1], n_ctx=2048, n_batch=64, n_ubatch=64, type_k=llama_tq.GGML_TYPE_TQ3,
+                          type_v=llama_tq.GGML_TYPE_TQ3, flash_attn=True, verbose=False, n_threads=2)
+    llama_tq.triatt_configure(llm, budget=600, warmup=256)
+    toks = llm.tokenize(open(sys.argv[2]).read().encode())
+    llm.eval(toks[:1000])
+    print("STATS", *llama_tq.triatt_stats(llm))
+    llm.eval(toks[1000:1200])
+    print("STATS", *llama_tq.triatt_stats(llm))
+    llm.load_state(llm.save_state())  # the same keys come back, but a state read forgets every folded key
+    llm.eval(toks[1200:1400])
+    print("STATS", *llama_tq.triatt_stats(llm))
+    """
+)
+
+
+def test_triatt_reads_each_key_once(binding: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A round reads and scores only the keys written since the last one (the others' folded scores are kept), and a
+    state read makes the next round read every key again: (rounds, evicted, folded) after 1000, 1200 and 1400 tokens
+    in ubatches of 64 against a budget of 600."""
+    from llama_tq.harness.demo import default_text
+
+    text = tmp_path / "t.txt"
+    text.write_text(default_text()[:20_000])
+    proc = subprocess.run([sys.executable, "-c", FOLD_SCRIPT, str(default_model()), str(text)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (r1, _, f1), (r2, _, f2), (r3, _, f3) = (
+        map(int, ln.split()[1:]) for ln in proc.stdout.splitlines() if ln.startswith("STATS"))  # fmt: skip
+    assert r1 >= 1 and f1 >= 600 + 128, proc.stdout  # the first round reads every cached key
+    assert r2 > r1 and 0 < f2 - f1 <= 200, proc.stdout  # later rounds: only the 200 new tokens' keys at most
+    assert r3 > r2 and f3 - f2 >= 600, proc.stdout  # after the state read: every kept key again

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -96,12 +97,19 @@ PYBIND11_MODULE(_triatt, m) {
         if ((size_t) mu_re.size() != np || (size_t) mu_im.size() != np || (size_t) mag.size() != np) {
             throw py::value_error("mu_re, mu_im and mag need head_dim/2 values");
         }
-        std::vector<float> a(np), b(np), c(np);
-        triatt_coeffs(&r, mu_re.data(), mu_im.data(), mag.data(), t_now, max_log2, a.data(), b.data(), c.data());
+        // the library's path: W and B once, each key folded once, then the round's phase (triatt.h)
+        std::vector<double> w_re(np), w_im(np), b(np), ph(2 * np), z(2 * np);
+        triatt_weights(&r, mu_re.data(), mu_im.data(), mag.data(), max_log2, w_re.data(), w_im.data(), b.data());
+        triatt_phase(&r, t_now, ph.data());
+        std::vector<float> zf(2 * np);
         py::array_t<float> out(k.shape(0));
-        std::fill(out.mutable_data(), out.mutable_data() + k.shape(0), 0.0f);
-        triatt_score_add(&r, a.data(), b.data(), c.data(), k.data(), (size_t) k.shape(1), (int32_t) k.shape(0),
-                         out.mutable_data());
+        for (py::ssize_t i = 0; i < k.shape(0); ++i) {
+            std::fill(z.begin(), z.end(), 0.0);
+            double c = 0.0;
+            triatt_fold_key(&r, w_re.data(), w_im.data(), b.data(), k.data() + i * k.shape(1), z.data(), &c);
+            std::copy(z.begin(), z.end(), zf.begin());  // stored as float, as libllama keeps it
+            out.mutable_data()[i] = (float) triatt_score_folded((int32_t) np, ph.data(), zf.data(), c);
+        }
         return out;
     }, py::arg("k"), py::arg("mu_re"), py::arg("mu_im"), py::arg("mag"), py::arg("t_now"), py::arg("n_rot"),
        py::arg("neox"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("max_log2") = 16,

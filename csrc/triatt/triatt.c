@@ -249,8 +249,8 @@ void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, con
     }
 }
 
-void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, double t_now,
-                   int32_t max_log2, float *a_re, float *a_im, float *b) {
+void triatt_weights(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, int32_t max_log2,
+                    double *w_re, double *w_im, double *b) {
     const int32_t np = r->head_dim / 2;
     for (int32_t f = 0; f < np; ++f) {
         int32_t ia, ib;
@@ -258,58 +258,51 @@ void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im,
         triatt_pair(r, f, &ia, &ib, &th);
         double c_re = 0.0, c_im = 0.0;
         for (int32_t e = 0; e <= max_log2; ++e) {
-            const double ang = th * (t_now + ldexp(1.0, e));
+            const double ang = th * ldexp(1.0, e);
             c_re += cos(ang);
             c_im += sin(ang);
         }
         c_re /= (max_log2 + 1);
         c_im /= (max_log2 + 1);
         const double mr = mu_re[f], mi = mu_im[f], mg = mag[f];
-        a_re[f] = (float)(mr * c_re - mi * c_im);
-        a_im[f] = (float)(mr * c_im + mi * c_re);
+        w_re[f] = mr * c_re - mi * c_im;
+        w_im[f] = mr * c_im + mi * c_re;
         const double m = hypot(mr, mi);
-        b[f] = (float)(mg > m ? mg - m : 0.0);
+        b[f] = mg > m ? mg - m : 0.0;
     }
 }
 
-void triatt_score_add(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *k,
-                      size_t k_stride, int32_t n, float *score) {
+void triatt_fold_key(const triatt_rope *r, const double *w_re, const double *w_im, const double *b, const float *k,
+                     double *z, double *c) {
     const int32_t np = r->head_dim / 2;
     const int32_t half = r->n_rot / 2;
-    for (int32_t i = 0; i < n; ++i) {
-        const float *row = k + (size_t)i * k_stride;
-        float s = 0.0f;
-        for (int32_t f = 0; f < np; ++f) { /* the pairing of triatt_pair, without its angle */
-            const int32_t ia = f < half ? (r->neox ? f : 2 * f) : r->n_rot + 2 * (f - half);
-            const int32_t ib = f < half ? (r->neox ? f + half : 2 * f + 1) : ia + 1;
-            const float x = row[ia], y = row[ib];
-            s += a_re[f] * x + a_im[f] * y + b[f] * sqrtf(x * x + y * y);
-        }
-        score[i] += s;
-    }
-}
-
-void triatt_score_add_cols(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *kt,
-                           size_t kt_stride, int32_t n, float *score, float *acc) {
-    const int32_t np = r->head_dim / 2;
-    const int32_t half = r->n_rot / 2;
-    for (int32_t i = 0; i < n; ++i) {
-        acc[i] = 0.0f;
-    }
-    /* pairs outer, keys inner: every key still sums its pairs in order (the row version's result), and the inner
-     * loop runs over contiguous columns, which the compiler vectorizes (with -fno-math-errno for sqrtf) */
-    for (int32_t f = 0; f < np; ++f) {
+    double cs = 0.0;
+    for (int32_t f = 0; f < np; ++f) { /* the pairing of triatt_pair, without its angle */
         const int32_t ia = f < half ? (r->neox ? f : 2 * f) : r->n_rot + 2 * (f - half);
         const int32_t ib = f < half ? (r->neox ? f + half : 2 * f + 1) : ia + 1;
-        const float *xs = kt + (size_t)ia * kt_stride;
-        const float *ys = kt + (size_t)ib * kt_stride;
-        const float ar = a_re[f], ai = a_im[f], bf = b[f];
-        for (int32_t i = 0; i < n; ++i) {
-            const float x = xs[i], y = ys[i];
-            acc[i] += ar * x + ai * y + bf * sqrtf(x * x + y * y);
-        }
+        const double x = k[ia], y = k[ib];
+        z[2 * f] += w_re[f] * x + w_im[f] * y; /* W conj(k) = (w_re + i w_im)(x - i y) */
+        z[2 * f + 1] += w_im[f] * x - w_re[f] * y;
+        cs += b[f] * sqrt(x * x + y * y);
     }
-    for (int32_t i = 0; i < n; ++i) {
-        score[i] += acc[i];
+    *c += cs;
+}
+
+void triatt_phase(const triatt_rope *r, double t, double *ph) {
+    const int32_t np = r->head_dim / 2;
+    for (int32_t f = 0; f < np; ++f) {
+        int32_t ia, ib;
+        double th;
+        triatt_pair(r, f, &ia, &ib, &th);
+        ph[2 * f] = cos(th * t);
+        ph[2 * f + 1] = sin(th * t);
     }
+}
+
+double triatt_score_folded(int32_t np, const double *ph, const float *z, double c) {
+    double s = c;
+    for (int32_t f = 0; f < np; ++f) {
+        s += ph[2 * f] * z[2 * f] - ph[2 * f + 1] * z[2 * f + 1];
+    }
+    return s;
 }

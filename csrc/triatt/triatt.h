@@ -4,9 +4,10 @@
  * (calibrated from the first `warmup` tokens). A future query at position t then gives a cached key k (post-RoPE,
  * as stored in the cache) the expected logit sum_f Re(mu_f e^{i theta_f t} conj(k_f)). Averaged over geometric
  * future offsets t = t_now + D, D = 1, 2, 4, ..., 2^max_log2, this is sum_f Re(A_f conj(k_f)) with
- * A_f = mu_f * mean_D e^{i theta_f (t_now + D)}: the offset sum is computed once per round, the per-cell work is
- * two multiply-adds per pair. The query magnitude not explained by the centre adds (mean|q_f| - |mu_f|) |k_f|.
- * Scores are summed over attention layers and KV heads (GQA query heads averaged into their KV head).
+ * A_f = mu_f * mean_D e^{i theta_f (t_now + D)}. The query magnitude not explained by the centre adds
+ * (mean|q_f| - |mu_f|) |k_f|. Scores are summed over attention layers and KV heads (GQA query heads averaged into
+ * their KV head). Since A_f(t) = e^{i theta_f t} A_f(0), a key is folded once into a per-pair state when it is
+ * first scored, and each later round only turns that state by the round's phase (triatt_fold_key below).
  *
  * Selection (per sequence, when it holds more than budget + divide cells; back to `budget`):
  *   protected: the last `window` positions; with hybrid = 2 (V3) also positions < `prefix`;
@@ -84,20 +85,27 @@ void triatt_pair(const triatt_rope *r, int32_t f, int32_t *i_re, int32_t *i_im, 
 void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
                       double *sum_re, double *sum_im, double *sum_mag);
 
-/* Per-round coefficients of one (layer, KV head) from its calibration means (mu, mean magnitude): A = mu * C,
- * C_f = mean over D in {1, 2, 4, ..., 2^max_log2} of e^{i theta_f (t_now + D)}, and B = mag - |mu|. */
-void triatt_coeffs(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, double t_now,
-                   int32_t max_log2, float *a_re, float *a_im, float *b);
+/* A key's score at round time t, s(t) = sum_f Re(A_f(t) conj(k_f)) + B_f |k_f| with A_f(t) = mu_f mean_D e^{i theta_f
+ * (t + D)}, D in {1, 2, 4, ..., 2^max_log2}, factors into a phase of the round and a state fixed when the key is stored:
+ *   A_f(t) = e^{i theta_f t} W_f,  W_f = mu_f mean_D e^{i theta_f D},  B_f = mag_f - |mu_f| (0 if negative);
+ *   s(t) = c + sum_f Re(e^{i theta_f t} z_f),  z_f = sum over the scored (layer, KV head)s of W_f conj(k_f),
+ *   c = the sum of B_f |k_f| over them.
+ * So a cached key is read, decoded and folded once (head_dim/2 complex values and a constant, whatever the number of
+ * layers and heads that share theta), and a round costs head_dim/2 complex multiply-adds per key. */
 
-/* score[i] += sum_f a_re[f] k_re + a_im[f] k_im + b[f] |k_f| for n key rows (post-RoPE floats, stride k_stride). */
-void triatt_score_add(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *k,
-                      size_t k_stride, int32_t n, float *score);
+/* W (re, im) and B of one (layer, KV head) from its calibration means (mu, mean magnitude): head_dim/2 each. */
+void triatt_weights(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, int32_t max_log2,
+                    double *w_re, double *w_im, double *b);
 
-/* The same for keys stored by column: kt[d * kt_stride + i] is coordinate d of key i (i < n). acc: n floats of
- * scratch. Each key's sum runs over the pairs in the same order as triatt_score_add's, so the scores are the same;
- * the loop over keys is contiguous and vectorizes. */
-void triatt_score_add_cols(const triatt_rope *r, const float *a_re, const float *a_im, const float *b, const float *kt,
-                           size_t kt_stride, int32_t n, float *score, float *acc);
+/* Folds one post-RoPE key of a head into its state: z[2f] += Re(W_f conj(k_f)), z[2f+1] += Im(...), *c += B_f |k_f|. */
+void triatt_fold_key(const triatt_rope *r, const double *w_re, const double *w_im, const double *b, const float *k,
+                     double *z, double *c);
+
+/* The round's phases: ph[2f] = cos(theta_f t), ph[2f+1] = sin(theta_f t) (head_dim/2 pairs). */
+void triatt_phase(const triatt_rope *r, double t, double *ph);
+
+/* A folded key's score: c + sum_f Re((ph[2f] + i ph[2f+1]) (z[2f] + i z[2f+1])) over np pairs. */
+double triatt_score_folded(int32_t np, const double *ph, const float *z, double c);
 
 #ifdef __cplusplus
 }

@@ -70,6 +70,8 @@ def _libllama() -> ctypes.CDLL:
     lib.llama_triatt_n_rounds.restype = ctypes.c_int32
     lib.llama_triatt_n_evicted.argtypes = [ctypes.c_void_p]
     lib.llama_triatt_n_evicted.restype = ctypes.c_int64
+    lib.llama_triatt_n_folded.argtypes = [ctypes.c_void_p]
+    lib.llama_triatt_n_folded.restype = ctypes.c_int64
     return lib
 
 
@@ -119,10 +121,12 @@ def triatt_configure(llm_or_ctx: object, budget: int, **settings: int) -> None:
         raise UsageError(err.value.decode())
 
 
-def triatt_stats(llm_or_ctx: object) -> tuple[int, int]:
-    """(eviction rounds, cells evicted) so far on the context."""
+def triatt_stats(llm_or_ctx: object) -> tuple[int, int, int]:
+    """(eviction rounds, cells evicted, keys read and scored anew) so far on the context. A cached key is read once and
+    reused by later rounds, until its cell is rewritten or the cache's keys change (a state read, a K-shift)."""
     lib, ctx = _libllama(), _ctx_ptr(llm_or_ctx)
-    return int(lib.llama_triatt_n_rounds(ctx)), int(lib.llama_triatt_n_evicted(ctx))
+    return (int(lib.llama_triatt_n_rounds(ctx)), int(lib.llama_triatt_n_evicted(ctx)),
+            int(lib.llama_triatt_n_folded(ctx)))  # fmt: skip
 
 
 TQ_TYPE_NAMES = ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64", "GGML_TYPE_TQ3_96",

@@ -49,6 +49,41 @@ int32_t layer_of(const char * name) {  // "Qcur-12" -> 12
     return (end != name + 5 && *end == '\0') ? (int32_t) il : -1;
 }
 
+// Future query offsets D = 1, 2, 4, ..., 2^16 of the score (triatt.h).
+constexpr int32_t k_max_log2 = 16;
+
+// Sorted cell indices as [lo, hi) ranges that cover them, one device-to-host copy per range and layer: a gap of
+// more than min_gap cells splits (a copy's fixed cost is worth about that many rows), at most max_runs ranges (the
+// largest gaps split first); smaller gaps are copied along.
+std::vector<std::pair<uint32_t, uint32_t>> cell_ranges(const std::vector<uint32_t> & sorted, uint32_t min_gap,
+                                                       size_t max_runs) {
+    std::vector<std::pair<uint32_t, uint32_t>> runs;
+    if (sorted.empty()) {
+        return runs;
+    }
+    std::vector<std::pair<uint32_t, size_t>> gaps;  // (gap, index of the cell after it)
+    for (size_t j = 1; j < sorted.size(); ++j) {
+        if (sorted[j] - sorted[j - 1] - 1 > min_gap) {
+            gaps.emplace_back(sorted[j] - sorted[j - 1] - 1, j);
+        }
+    }
+    const size_t n_split = std::min(gaps.size(), max_runs - 1);
+    std::partial_sort(gaps.begin(), gaps.begin() + n_split, gaps.end(),
+                      [](const auto & a, const auto & b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    std::vector<size_t> cuts;
+    for (size_t g = 0; g < n_split; ++g) {
+        cuts.push_back(gaps[g].second);
+    }
+    std::sort(cuts.begin(), cuts.end());
+    size_t j0 = 0;
+    for (size_t c : cuts) {
+        runs.emplace_back(sorted[j0], sorted[c - 1] + 1);
+        j0 = c;
+    }
+    runs.emplace_back(sorted[j0], sorted.back() + 1);
+    return runs;
+}
+
 }  // namespace
 
 std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, const llama_cparams & cparams,
@@ -135,12 +170,30 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
     }
     for (auto & ls : layers) {
         ls.rope.theta = ls.theta.data();  // after the moves: the vectors' storage is final
+        // layers with the same angles (all of them in most models) share one folded state per cell
+        size_t g = 0;
+        while (g < group_rope.size() && !(group_rope[g]->head_dim == ls.head_dim && group_rope[g]->rope.n_rot == ls.rope.n_rot &&
+                                          group_rope[g]->theta == ls.theta)) {
+            ++g;
+        }
+        if (g == group_rope.size()) {
+            group_rope.push_back(&ls);
+            rec_floats += (size_t) ls.head_dim;  // 2 floats for each of head_dim / 2 pairs
+        }
+        ls.group = (int32_t) g;
     }
+    for (auto & ls : layers) {
+        ls.z_off = 0;
+        for (int32_t g = 0; g < ls.group; ++g) {
+            ls.z_off += (size_t) group_rope[g]->head_dim;
+        }
+    }
+    rec_floats += 1;  // the constant c
 }
 
 llama_triatt::~llama_triatt() {
-    LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f\n", triatt_policy_name(cfg.hybrid),
-                   cfg.budget, rounds, (long long) evicted, t_ms);
+    LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f folded=%lld\n",
+                   triatt_policy_name(cfg.hybrid), cfg.budget, rounds, (long long) evicted, t_ms, (long long) folded_total);
 }
 
 // ---- calibration -------------------------------------------------------------------------------------------------
@@ -148,6 +201,7 @@ llama_triatt::~llama_triatt() {
 void llama_triatt::begin_ubatch(const llama_ubatch & ubatch, ggml_backend_sched_t sched,
                                 ggml_backend_sched_eval_callback ucb, void * uud) {
     cur = &ubatch;
+    this->sched = sched;
     if (!calibrated) {
         user_cb = ucb;
         user_ud = uud;
@@ -225,6 +279,13 @@ bool llama_triatt::finish_calibration() {
                 ls.mag[hk * np + f] = (float) (ls.sum_mag[hk * np + f] * inv);
             }
         }
+        ls.w_re.resize(np * ls.n_head_kv);
+        ls.w_im.resize(np * ls.n_head_kv);
+        ls.b.resize(np * ls.n_head_kv);
+        for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
+            triatt_weights(&ls.rope, &ls.mu_re[hk * np], &ls.mu_im[hk * np], &ls.mag[hk * np], k_max_log2,
+                           &ls.w_re[hk * np], &ls.w_im[hk * np], &ls.b[hk * np]);
+        }
         ++n_ok;
     }
     if (n_ok == 0) {
@@ -249,11 +310,154 @@ void llama_triatt::after_ubatch(llama_memory_i * memory) {
     if (cfg.budget == 0) {
         return;
     }
+    if (cur != nullptr) {
+        forget_written(*cur);
+    }
     for (uint32_t s = 0; s < n_seq_max; ++s) {
         const llama_kv_cells & cells = kv->get_cells((llama_seq_id) s);
         if (cells.seq_pos_get((llama_seq_id) s).size() > (size_t) cfg.budget + (size_t) cfg.divide) {
             evict_seq((int32_t) s, memory);
         }
+    }
+}
+
+void llama_triatt::forget_keys() {
+    for (auto & fk : folded) {
+        std::fill(fk.pos.begin(), fk.pos.end(), INT32_MIN);
+    }
+}
+
+void llama_triatt::forget_written(const llama_ubatch & ubatch) {
+    // a ubatch may write a cell at a position its old record also had (a sequence cut back and decoded again)
+    for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+        for (int32_t j = 0; j < ubatch.n_seq_id[i]; ++j) {
+            const llama_seq_id s = ubatch.seq_id[i][j];
+            const uint32_t stream = kv->get_stream(s);
+            if (stream >= folded.size() || folded[stream].pos.empty()) {
+                continue;
+            }
+            const auto & sp = kv->get_cells(s).seq_pos_get(s);
+            for (auto it = sp.lower_bound({ubatch.pos[i], 0}); it != sp.end() && it->first == ubatch.pos[i]; ++it) {
+                folded[stream].pos[it->second] = INT32_MIN;
+            }
+        }
+    }
+}
+
+void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const std::vector<uint32_t> & cells,
+                              folded_keys & fk) {
+    if (cells.empty()) {
+        return;
+    }
+    const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
+    std::vector<uint32_t> sorted = cells;
+    std::sort(sorted.begin(), sorted.end());
+    // K rows: in place when the cache is in host memory; from a device, only the ranges that hold these cells, after
+    // the scheduler has finished the ubatch that wrote them (its compute stream is not ordered with the copy's)
+    size_t max_row = 1;
+    for (const auto & ls : layers) {
+        max_row = std::max(max_row, kv->get_k_storage(ls.il)->nb[1]);
+    }
+    const auto runs = cell_ranges(sorted, (uint32_t) std::max<size_t>(1, (64u << 10) / max_row), 16);  // ~64 KiB a copy
+    std::vector<size_t> slab_row(sorted.size());  // row of sorted[j] in a layer's slab
+    {
+        size_t r = 0, row0 = 0;
+        for (size_t j = 0; j < sorted.size(); ++j) {
+            while (sorted[j] >= runs[r].second) {
+                row0 += runs[r].second - runs[r].first;
+                ++r;
+            }
+            slab_row[j] = row0 + (sorted[j] - runs[r].first);
+        }
+    }
+    struct layer_rows {
+        const layer_stats * ls;
+        ggml_type type;
+        int64_t n_embd;
+        size_t row_bytes;
+        const uint8_t * host;  // host cache: the stream's rows; else nullptr and the rows are in slabs[slab]
+        size_t slab;
+    };
+    std::vector<layer_rows> lr;
+    bool synced = false;
+    size_t n_slabs = 0;
+    for (const auto & ls : layers) {
+        if (ls.w_re.empty()) {
+            continue;  // no queries captured for this layer
+        }
+        ggml_tensor * k = kv->get_k_storage(ls.il);
+        layer_rows L{&ls, k->type, k->ne[0], k->nb[1], nullptr, 0};
+        if (k->buffer != nullptr && ggml_backend_buffer_is_host(k->buffer)) {
+            L.host = (const uint8_t *) k->data + stream * k->nb[2];
+        } else {
+            if (!synced && sched != nullptr) {
+                ggml_backend_sched_synchronize(sched);
+                synced = true;
+            }
+            if (slabs.size() <= n_slabs) {
+                slabs.resize(n_slabs + 1);
+            }
+            L.slab = n_slabs++;
+            std::vector<uint8_t> & buf = slabs[L.slab];
+            size_t rows = 0;
+            for (const auto & [lo, hi] : runs) {
+                rows += hi - lo;
+            }
+            buf.resize(rows * L.row_bytes);
+            size_t off = 0;
+            for (const auto & [lo, hi] : runs) {
+                ggml_backend_tensor_get(k, buf.data() + off, stream * k->nb[2] + L.row_bytes * lo, L.row_bytes * (hi - lo));
+                off += L.row_bytes * (hi - lo);
+            }
+        }
+        lr.push_back(L);
+    }
+    // cells [j0, j1) of sorted on one thread: decode, undo upstream's rotation and the key transforms, fold every
+    // layer's KV heads into the cell's record (summed in double, in model order whatever the split)
+    auto fold_range = [&](size_t j0, size_t j1) {
+        const size_t m = j1 - j0;
+        std::vector<double> acc(m * rec_floats, 0.0);
+        std::vector<float> keys;
+        for (const auto & L : lr) {
+            keys.resize(m * L.n_embd);
+            const auto * traits = ggml_get_type_traits(L.type);
+            for (size_t j = j0; j < j1; ++j) {
+                const uint8_t * src = L.host ? L.host + L.row_bytes * sorted[j] : slabs[L.slab].data() + L.row_bytes * slab_row[j];
+                float * dst = keys.data() + (j - j0) * L.n_embd;
+                if (L.type == GGML_TYPE_F32) {
+                    std::memcpy(dst, src, L.n_embd * sizeof(float));
+                } else {
+                    traits->to_float(src, dst, L.n_embd);
+                }
+                if (rot_block > 0) {
+                    unrotate_hadamard(dst, L.n_embd, rot_block);
+                }
+            }
+            kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);  // scores are computed on the true keys
+            const size_t np = (size_t) L.ls->head_dim / 2;
+            for (size_t c = 0; c < m; ++c) {
+                double * a = acc.data() + c * rec_floats;
+                for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
+                    triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
+                                    keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, a + L.ls->z_off,
+                                    a + rec_floats - 1);
+                }
+            }
+        }
+        for (size_t j = j0; j < j1; ++j) {
+            std::copy_n(acc.data() + (j - j0) * rec_floats, rec_floats, fk.rec.data() + (size_t) sorted[j] * rec_floats);
+            fk.pos[sorted[j]] = kc.pos_get(sorted[j]);
+        }
+    };
+    const size_t n = sorted.size();
+    const size_t n_thr = std::max<size_t>(1, std::min<size_t>((size_t) n_threads, n / 64));  // >= 64 cells a thread
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < n_thr; ++t) {
+        pool.emplace_back(fold_range, n * t / n_thr, n * (t + 1) / n_thr);
+    }
+    fold_range(0, n / n_thr);
+    for (auto & th : pool) {
+        th.join();
     }
 }
 
@@ -277,103 +481,41 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int32_t n = (int32_t) pos.size();
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
-    const uint32_t stream = kv->get_stream(seq);
-    const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
-
-    // The scored layers. K rows are read in place when the cache is in host memory; otherwise the rows from the
-    // sequence's lowest to its highest cell are copied once per round (one copy per layer).
-    struct scored_layer {
-        const layer_stats * ls;
-        ggml_type type;
-        int64_t n_embd;
-        size_t row_bytes;
-        const uint8_t * rows;  // row of cell i at rows + row_bytes * (i - base)
-        uint32_t base;
-        std::vector<float> a_re, a_im, b;
-    };
-    std::vector<scored_layer> sl;
-    const uint32_t i_lo = idx.empty() ? 0 : *std::min_element(idx.begin(), idx.end());
-    const uint32_t i_hi = idx.empty() ? 0 : *std::max_element(idx.begin(), idx.end()) + 1;
-    size_t n_copies = 0;
-    for (const auto & ls : layers) {
-        if (ls.mu_re.empty() || !triatt_policy_scored(cfg.hybrid)) { // the baselines rank by position alone
-            continue;
+    int32_t n_folded = 0;
+    if (triatt_policy_scored(cfg.hybrid)) {  // the baselines rank by position alone
+        const uint32_t stream = kv->get_stream(seq);
+        if (folded.size() <= stream) {
+            folded.resize(stream + 1);
         }
-        ggml_tensor * k = kv->get_k_storage(ls.il);
-        scored_layer L;
-        L.ls = &ls;
-        L.type = k->type;
-        L.n_embd = k->ne[0];
-        L.row_bytes = k->nb[1];
-        const size_t np = (size_t) ls.head_dim / 2;
-        L.a_re.resize(np * ls.n_head_kv);
-        L.a_im.resize(np * ls.n_head_kv);
-        L.b.resize(np * ls.n_head_kv);
-        for (int32_t hk = 0; hk < ls.n_head_kv; ++hk) {
-            triatt_coeffs(&ls.rope, &ls.mu_re[hk * np], &ls.mu_im[hk * np], &ls.mag[hk * np], (double) t_now, 16,
-                          &L.a_re[hk * np], &L.a_im[hk * np], &L.b[hk * np]);
+        folded_keys & fk = folded[stream];
+        if (fk.pos.size() != cells.size()) {
+            fk.pos.assign(cells.size(), INT32_MIN);
+            fk.rec.assign(cells.size() * rec_floats, 0.0f);
         }
-        if (k->buffer != nullptr && ggml_backend_buffer_is_host(k->buffer)) {
-            L.rows = (const uint8_t *) k->data + stream * k->nb[2];
-            L.base = 0;
-        } else {
-            if (slabs.size() <= n_copies) {
-                slabs.resize(n_copies + 1);
-            }
-            std::vector<uint8_t> & buf = slabs[n_copies++];
-            buf.resize(L.row_bytes * (i_hi - i_lo));
-            ggml_backend_tensor_get(k, buf.data(), stream * k->nb[2] + L.row_bytes * i_lo, buf.size());
-            L.rows = buf.data();
-            L.base = i_lo;
-        }
-        sl.push_back(std::move(L));
-    }
-    // cells [c0, c1) on one thread: decode, undo upstream's rotation and the key transforms, score every layer's KV
-    // heads. Each cell sums its layers and heads in model order whatever the split, so the scores do not depend on
-    // the thread count; one pool per round (not per layer), no per-round zero-filled buffers.
-    auto score_cells = [&](int32_t c0, int32_t c1) {
-        std::vector<float> keys, cols, acc((size_t) (c1 - c0));
-        for (const auto & L : sl) {
-            keys.resize((size_t) (c1 - c0) * L.n_embd);
-            const auto * traits = ggml_get_type_traits(L.type);
-            for (int32_t c = c0; c < c1; ++c) {
-                const uint8_t * src = L.rows + L.row_bytes * (idx[c] - L.base);
-                float * dst = keys.data() + (size_t) (c - c0) * L.n_embd;
-                if (L.type == GGML_TYPE_F32) {
-                    std::memcpy(dst, src, L.n_embd * sizeof(float));
-                } else {
-                    traits->to_float(src, dst, L.n_embd);
-                }
-                if (rot_block > 0) {
-                    unrotate_hadamard(dst, L.n_embd, rot_block);
-                }
-            }
-            kv->get_tq_keys().true_keys(L.ls->il, keys.data(), c1 - c0);  // scores are computed on the true keys
-            // by column (coordinate-major): the scoring loop then runs over contiguous keys and vectorizes
-            const size_t m = (size_t) (c1 - c0);
-            cols.resize(m * L.n_embd);
-            for (size_t c = 0; c < m; ++c) {
-                for (int64_t d = 0; d < L.n_embd; ++d) {
-                    cols[d * m + c] = keys[c * L.n_embd + d];
-                }
-            }
-            const size_t np = (size_t) L.ls->head_dim / 2;
-            for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
-                triatt_score_add_cols(&L.ls->rope, &L.a_re[hk * np], &L.a_im[hk * np], &L.b[hk * np],
-                                      cols.data() + (size_t) hk * L.ls->head_dim * m, m, c1 - c0, score.data() + c0,
-                                      acc.data());
+        std::vector<uint32_t> stale;
+        for (int32_t c = 0; c < n; ++c) {
+            if (fk.pos[idx[c]] != pos[c]) {
+                stale.push_back(idx[c]);
             }
         }
-    };
-    if (!sl.empty()) {
-        const int32_t n_thr = std::max(1, std::min(n_threads, n / 64)); // >= 64 cells a thread
-        std::vector<std::thread> pool;
-        for (int32_t t = 1; t < n_thr; ++t) {
-            pool.emplace_back(score_cells, (int32_t) ((int64_t) n * t / n_thr), (int32_t) ((int64_t) n * (t + 1) / n_thr));
+        fold_cells(stream, cells, stale, fk);
+        n_folded = (int32_t) stale.size();
+        folded_total += n_folded;
+        // the round: each group's phase at t_now turns every folded key's state (np complex multiply-adds a cell)
+        std::vector<std::vector<double>> ph(group_rope.size());
+        for (size_t g = 0; g < group_rope.size(); ++g) {
+            ph[g].resize((size_t) group_rope[g]->head_dim);
+            triatt_phase(&group_rope[g]->rope, (double) t_now, ph[g].data());
         }
-        score_cells(0, (int32_t) ((int64_t) n / n_thr));
-        for (auto & th : pool) {
-            th.join();
+        for (int32_t c = 0; c < n; ++c) {
+            const float * r = fk.rec.data() + (size_t) idx[c] * rec_floats;
+            double sc = r[rec_floats - 1];
+            size_t off = 0;
+            for (size_t g = 0; g < group_rope.size(); ++g) {
+                sc = triatt_score_folded(group_rope[g]->head_dim / 2, ph[g].data(), r + off, sc);
+                off += (size_t) group_rope[g]->head_dim;
+            }
+            score[c] = (float) sc;
         }
     }
     std::vector<uint8_t> keep((size_t) n);
@@ -407,8 +549,9 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     evicted += n_ev;
     const double ms = (ggml_time_us() - t0) / 1000.0;
     t_ms += ms;
-    LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f\n",
-                   n_ev, n, rounds, seq, n - n_ev, cfg.budget, triatt_policy_name(cfg.hybrid), t_now, ms);
+    LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f "
+                   "folded=%d\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget, triatt_policy_name(cfg.hybrid), t_now, ms,
+                   n_folded);
 }
 
 // ---- the C API (include/llama.h) -----------------------------------------------------------------------------------
@@ -453,4 +596,8 @@ int32_t llama_triatt_n_rounds(const llama_context * ctx) {
 
 int64_t llama_triatt_n_evicted(const llama_context * ctx) {
     return ctx->get_triatt() ? ctx->get_triatt()->n_evicted() : 0;
+}
+
+int64_t llama_triatt_n_folded(const llama_context * ctx) {
+    return ctx->get_triatt() ? ctx->get_triatt()->n_folded() : 0;
 }

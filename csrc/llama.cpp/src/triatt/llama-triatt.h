@@ -5,10 +5,11 @@
 //
 // Log format (parsed by llama_tq.harness.common; keep them in step; the policy is V1, V2, V3, StreamingLLM or random):
 //   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
-//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T
-//                           (P: the newest position in the sequence when the round ran)
+//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F
+//                           (P: the newest position in the sequence when the round ran; F: the cells whose keys
+//                           were read and folded in this round, the others' folded keys were kept from earlier rounds)
 //   warn (shown at the default verbosity), when the context ends:
-//                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T
+//                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T folded=F
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@ struct llama_cparams;
 struct llama_memory_i;
 struct llama_ubatch;
 class llama_kv_cache;
+class llama_kv_cells;
 
 class llama_triatt {
 public:
@@ -41,8 +43,13 @@ public:
     // After a ubatch is in the cache: an eviction round for every sequence above budget + divide.
     void after_ubatch(llama_memory_i * memory);
 
+    // The cache's keys changed outside a ubatch (a K-shift, a copy between streams, a state read): every folded key
+    // is read again at the next round.
+    void forget_keys();
+
     int32_t n_rounds() const { return rounds; }
     int64_t n_evicted() const { return evicted; }
+    int64_t n_folded() const { return folded_total; }
 
 private:
     struct layer_stats {
@@ -53,6 +60,18 @@ private:
         std::vector<double> sum_re, sum_im, sum_mag;  // [n_head_kv][head_dim/2]
         std::vector<int64_t> count;                   // per KV head
         std::vector<float> mu_re, mu_im, mag;         // means, after calibration
+        std::vector<double> w_re, w_im, b;            // triatt_weights per KV head, after calibration
+        int32_t group = 0;                            // layers with the same RoPE angles fold into one state
+        size_t z_off = 0;                             // where that state starts in a cell's record
+    };
+
+    // A cell's folded key (triatt_fold_key): per group of layers with the same angles 2 * np floats, then the
+    // constant c. Kept per stream and cell with the position the key had; a round folds only the cells whose
+    // record is missing or stale (written by a ubatch since, moved, or forgotten), so a key is read from the cache,
+    // decoded and folded once, not once per round.
+    struct folded_keys {
+        std::vector<float> rec;     // [cell][rec_floats]
+        std::vector<int32_t> pos;   // the position the record was folded at; INT32_MIN = none
     };
 
     llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv, uint32_t n_seq_max,
@@ -63,6 +82,8 @@ private:
     void capture(layer_stats & ls, const ggml_tensor * t);
     bool finish_calibration();
     void evict_seq(int32_t seq, llama_memory_i * memory);
+    void forget_written(const llama_ubatch & ubatch);
+    void fold_cells(uint32_t stream, const llama_kv_cells & kc, const std::vector<uint32_t> & cells, folded_keys & fk);
 
     const llama_model & model;
     llama_kv_cache * kv;  // the full-attention cache (the base cache of a sliding-window hybrid)
@@ -82,7 +103,12 @@ private:
 
     int32_t rounds = 0;
     int64_t evicted = 0;
+    int64_t folded_total = 0;  // keys read and folded (a key is folded again only after its cell changed)
     double t_ms = 0.0;  // time spent in eviction rounds
+    ggml_backend_sched_t sched = nullptr;    // the ubatch's scheduler: synchronized before K is read
+    std::vector<const layer_stats *> group_rope;  // per group: a layer whose angles the group shares
+    size_t rec_floats = 0;
+    std::vector<folded_keys> folded;         // per stream
     std::vector<std::vector<uint8_t>> slabs;  // K rows copied from a device cache, per scored layer, reused
     std::vector<float> rowbuf;
 };
