@@ -49,7 +49,7 @@ def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     rounds = re.findall(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=(\d+) seq=0 kept=768 budget=768 "
-                        r"policy=V3 pos=\d+ t_ms=[0-9.]+ folded=(\d+)$", log, re.M)  # fmt: skip
+                        r"policy=V3 pos=\d+ t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+$", log, re.M)  # fmt: skip
     assert [int(n) for _, n, _, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]  # the 3rd is after the last ubatch
     assert all(int(ev) == int(n) - 768 for ev, n, _, _ in rounds)
     # each key is read once: a chunk's first round reads all 1024 (the chunk started on an empty cache), later rounds

@@ -98,17 +98,22 @@ PYBIND11_MODULE(_triatt, m) {
             throw py::value_error("mu_re, mu_im and mag need head_dim/2 values");
         }
         // the library's path: W and B once, each key folded once, then the round's phase (triatt.h)
-        std::vector<double> w_re(np), w_im(np), b(np), ph(2 * np), z(2 * np);
+        std::vector<float> w_re(np), w_im(np), b(np), z(2 * np), c(np);
+        std::vector<double> ph(2 * np);
         triatt_weights(&r, mu_re.data(), mu_im.data(), mag.data(), max_log2, w_re.data(), w_im.data(), b.data());
-        triatt_phase(&r, t_now, ph.data());
-        std::vector<float> zf(2 * np);
+        triatt_phase(&r, t_now, ph.data(), ph.data() + np);
         py::array_t<float> out(k.shape(0));
         for (py::ssize_t i = 0; i < k.shape(0); ++i) {
-            std::fill(z.begin(), z.end(), 0.0);
-            double c = 0.0;
-            triatt_fold_key(&r, w_re.data(), w_im.data(), b.data(), k.data() + i * k.shape(1), z.data(), &c);
-            std::copy(z.begin(), z.end(), zf.begin());  // stored as float, as libllama keeps it
-            out.mutable_data()[i] = (float) triatt_score_folded((int32_t) np, ph.data(), zf.data(), c);
+            std::fill(z.begin(), z.end(), 0.0f);
+            std::fill(c.begin(), c.end(), 0.0f);
+            triatt_fold_key(&r, w_re.data(), w_im.data(), b.data(), k.data() + i * k.shape(1), z.data(), z.data() + np,
+                            c.data());
+            double cs = 0.0;
+            for (float v : c) {
+                cs += v;
+            }
+            out.mutable_data()[i] = (float) triatt_score_folded((int32_t) np, ph.data(), ph.data() + np, z.data(),
+                                                                z.data() + np, cs);
         }
         return out;
     }, py::arg("k"), py::arg("mu_re"), py::arg("mu_im"), py::arg("mag"), py::arg("t_now"), py::arg("n_rot"),

@@ -250,7 +250,7 @@ void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, con
 }
 
 void triatt_weights(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, int32_t max_log2,
-                    double *w_re, double *w_im, double *b) {
+                    float *w_re, float *w_im, float *b) {
     const int32_t np = r->head_dim / 2;
     for (int32_t f = 0; f < np; ++f) {
         int32_t ia, ib;
@@ -265,44 +265,55 @@ void triatt_weights(const triatt_rope *r, const float *mu_re, const float *mu_im
         c_re /= (max_log2 + 1);
         c_im /= (max_log2 + 1);
         const double mr = mu_re[f], mi = mu_im[f], mg = mag[f];
-        w_re[f] = mr * c_re - mi * c_im;
-        w_im[f] = mr * c_im + mi * c_re;
+        w_re[f] = (float)(mr * c_re - mi * c_im);
+        w_im[f] = (float)(mr * c_im + mi * c_re);
         const double m = hypot(mr, mi);
-        b[f] = mg > m ? mg - m : 0.0;
+        b[f] = (float)(mg > m ? mg - m : 0.0);
     }
 }
 
-void triatt_fold_key(const triatt_rope *r, const double *w_re, const double *w_im, const double *b, const float *k,
-                     double *z, double *c) {
-    const int32_t np = r->head_dim / 2;
-    const int32_t half = r->n_rot / 2;
-    double cs = 0.0;
-    for (int32_t f = 0; f < np; ++f) { /* the pairing of triatt_pair, without its angle */
-        const int32_t ia = f < half ? (r->neox ? f : 2 * f) : r->n_rot + 2 * (f - half);
-        const int32_t ib = f < half ? (r->neox ? f + half : 2 * f + 1) : ia + 1;
-        const double x = k[ia], y = k[ib];
-        z[2 * f] += w_re[f] * x + w_im[f] * y; /* W conj(k) = (w_re + i w_im)(x - i y) */
-        z[2 * f + 1] += w_im[f] * x - w_re[f] * y;
-        cs += b[f] * sqrt(x * x + y * y);
+/* n pairs (x[j * stride], y[j * stride]) of one key into the accumulators of pairs f0 .. f0 + n - 1 */
+static void fold_pairs(int32_t n, const float *restrict x, const float *restrict y, int32_t stride,
+                       const float *restrict w_re, const float *restrict w_im, const float *restrict b,
+                       float *restrict z_re, float *restrict z_im, float *restrict c) { /* restrict: vectorizes */
+    for (int32_t j = 0; j < n; ++j) {
+        const float xv = x[j * stride], yv = y[j * stride];
+        z_re[j] += w_re[j] * xv + w_im[j] * yv; /* W conj(k) = (w_re + i w_im)(x - i y) */
+        z_im[j] += w_im[j] * xv - w_re[j] * yv;
+        c[j] += b[j] * sqrtf(xv * xv + yv * yv);
     }
-    *c += cs;
 }
 
-void triatt_phase(const triatt_rope *r, double t, double *ph) {
+void triatt_fold_key(const triatt_rope *r, const float *w_re, const float *w_im, const float *b, const float *k,
+                     float *z_re, float *z_im, float *c) {
+    const int32_t half = r->n_rot / 2, np = r->head_dim / 2;
+    /* the pairing of triatt_pair: rotated pairs (NEOX: k[f], k[f + half]; else k[2f], k[2f + 1]), then the
+     * unrotated tail paired consecutively */
+    if (r->neox) {
+        fold_pairs(half, k, k + half, 1, w_re, w_im, b, z_re, z_im, c);
+    } else {
+        fold_pairs(half, k, k + 1, 2, w_re, w_im, b, z_re, z_im, c);
+    }
+    fold_pairs(np - half, k + r->n_rot, k + r->n_rot + 1, 2, w_re + half, w_im + half, b + half, z_re + half,
+               z_im + half, c + half);
+}
+
+void triatt_phase(const triatt_rope *r, double t, double *ph_cos, double *ph_sin) {
     const int32_t np = r->head_dim / 2;
     for (int32_t f = 0; f < np; ++f) {
         int32_t ia, ib;
         double th;
         triatt_pair(r, f, &ia, &ib, &th);
-        ph[2 * f] = cos(th * t);
-        ph[2 * f + 1] = sin(th * t);
+        ph_cos[f] = cos(th * t);
+        ph_sin[f] = sin(th * t);
     }
 }
 
-double triatt_score_folded(int32_t np, const double *ph, const float *z, double c) {
+double triatt_score_folded(int32_t np, const double *ph_cos, const double *ph_sin, const float *z_re, const float *z_im,
+                           double c) {
     double s = c;
     for (int32_t f = 0; f < np; ++f) {
-        s += ph[2 * f] * z[2 * f] - ph[2 * f + 1] * z[2 * f + 1];
+        s += ph_cos[f] * z_re[f] - ph_sin[f] * z_im[f];
     }
     return s;
 }

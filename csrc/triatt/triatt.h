@@ -95,17 +95,20 @@ void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, con
 
 /* W (re, im) and B of one (layer, KV head) from its calibration means (mu, mean magnitude): head_dim/2 each. */
 void triatt_weights(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, int32_t max_log2,
-                    double *w_re, double *w_im, double *b);
+                    float *w_re, float *w_im, float *b);
 
-/* Folds one post-RoPE key of a head into its state: z[2f] += Re(W_f conj(k_f)), z[2f+1] += Im(...), *c += B_f |k_f|. */
-void triatt_fold_key(const triatt_rope *r, const double *w_re, const double *w_im, const double *b, const float *k,
-                     double *z, double *c);
+/* Folds one post-RoPE key of a head into per-pair accumulators (head_dim/2 floats each): z_re[f] += Re(W_f conj(k_f)),
+ * z_im[f] += Im(W_f conj(k_f)), c[f] += B_f |k_f| (c is summed over the pairs once the key's heads are all folded).
+ * Every pair accumulates separately, so the loops vectorize. */
+void triatt_fold_key(const triatt_rope *r, const float *w_re, const float *w_im, const float *b, const float *k,
+                     float *z_re, float *z_im, float *c);
 
-/* The round's phases: ph[2f] = cos(theta_f t), ph[2f+1] = sin(theta_f t) (head_dim/2 pairs). */
-void triatt_phase(const triatt_rope *r, double t, double *ph);
+/* The round's phases: ph_cos[f] = cos(theta_f t), ph_sin[f] = sin(theta_f t) (head_dim/2 pairs). */
+void triatt_phase(const triatt_rope *r, double t, double *ph_cos, double *ph_sin);
 
-/* A folded key's score: c + sum_f Re((ph[2f] + i ph[2f+1]) (z[2f] + i z[2f+1])) over np pairs. */
-double triatt_score_folded(int32_t np, const double *ph, const float *z, double c);
+/* A folded key's score: c + sum_f Re((ph_cos[f] + i ph_sin[f]) (z_re[f] + i z_im[f])) over np pairs. */
+double triatt_score_folded(int32_t np, const double *ph_cos, const double *ph_sin, const float *z_re, const float *z_im,
+                           double c);
 
 #ifdef __cplusplus
 }

@@ -11,13 +11,15 @@
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
 #   evict  TriAttention eviction on the GPU and on the CPU (-ngl 99 / 0): a head-128 synthetic model with a byte
-#          vocabulary, -c 2048 -b 512 -ub 128, V3 / StreamingLLM at 50 %: rounds, cells evicted, PPL, wall time
+#          vocabulary, -c 2048 -b 512 -ub 128, V3 / StreamingLLM at 50 %: rounds, cells evicted, PPL, wall time; then
+#          the overhead stage
+#   overhead  V3 eviction against none, interleaved, GPU and CPU, two protocols (EV_PROTOS, EV_NGL, EV_REPS, EV_TAG)
 #   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
 #   head96 the same at head size 96 (tq3 -> tq3_96; decoded by upstream's f16 kernels after a conversion)
 # Environment: OPS (ops stage op list), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
-#   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH.
+#   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH, BUILD_TARGETS (build stage's ninja targets).
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
@@ -45,8 +47,9 @@ stage_build() {
         -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGGML_NATIVE=ON -DCMAKE_PROJECT_INCLUDE="$PWD/cmake/no_amx.cmake" \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit" > "$RES/build.log" 2>&1 || return 1
-    /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" test-backend-ops llama-bench llama-perplexity \
-        llama-completion llama-tokenize \
+    # shellcheck disable=SC2086  # BUILD_TARGETS: a list
+    /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" \
+        ${BUILD_TARGETS:-test-backend-ops llama-bench llama-perplexity llama-completion llama-tokenize} \
         >> "$RES/build.log" 2>&1
     local rc=$?
     tail -1 "$RES/build.log"
@@ -204,22 +207,44 @@ stage_evict() {
                 "$(grep -o 'evicted [0-9]*/' "$log" | tr -dc '0-9\n' | awk '{ s += $1 } END { print s + 0 }')"
         done
     done
-    # overhead: 16 chunks, no eviction and V3 interleaved, llama_perf's total time
+    stage_overhead || rc=1
+    return "$rc"
+}
+
+# Eviction overhead, no eviction and V3 interleaved (EV_REPS rounds, llama_perf's total time), on the GPU and the CPU:
+#   stress:   -c 2048 -ub 128 --chunks 16, budget 1024, warmup 256, divide 64: a round after every 128-token ubatch
+#   defaults: -c 8192 --chunks 4 (ubatches of 512), budget 4096, the default warmup and divide
+# Prints each run, then per protocol and backend the mean times and their ratio (V3 / none). EV_TAG prefixes the logs.
+stage_overhead() {
+    local m="$W/synth_ev.gguf" ngl rep pol proto log rc=0
+    [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 8 --n-embd 1024 \
+        --n-head 8 --n-head-kv 4 --n-ctx 8192 --byte-vocab > /dev/null || return 1
     head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
-    local rep
-    for ngl in 99 0; do
-        for rep in 1 2 3; do
-            for pol in none 2; do
-                log="$RES/ov_ngl${ngl}_${pol}_$rep.log"
-                local ev=()
-                [ "$pol" != none ] && ev=(--triatt-budget 1024 --triatt-warmup 256 --triatt-divide 64 --triatt-hybrid "$pol")
-                "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 2048 -b 512 -ub 128 --chunks 16 -fa on -lv 4 \
-                    -ngl "$ngl" -t "$(nproc)" "${ev[@]}" > "$log" 2>&1 || rc=1
-                printf 'overhead ngl %-2s rep %s policy %-4s %s %s\n' "$ngl" "$rep" "$pol" \
-                    "$(grep -o 'total time = *[0-9.]* ms' "$log")" "$(grep -o 'summary: .*' "$log")"
+    local sum="$RES/${EV_TAG:-}overhead.txt"
+    for proto in ${EV_PROTOS:-stress defaults}; do
+        local args=(-c 2048 -b 512 -ub 128 --chunks 16) ev=(--triatt-budget 1024 --triatt-warmup 256 --triatt-divide 64)
+        if [ "$proto" = defaults ]; then
+            args=(-c 8192 -b 512 --chunks 4) ev=(--triatt-budget 4096)
+        fi
+        for ngl in ${EV_NGL:-99 0}; do
+            for rep in $(seq "${EV_REPS:-3}"); do
+                for pol in none 2; do
+                    log="$RES/${EV_TAG:-}ov_${proto}_ngl${ngl}_${pol}_$rep.log"
+                    local e=()
+                    [ "$pol" != none ] && e=("${ev[@]}" --triatt-hybrid "$pol")
+                    "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" "${args[@]}" -fa on -lv 4 -ngl "$ngl" \
+                        -t "$(nproc)" "${e[@]}" > "$log" 2>&1 || rc=1
+                    printf 'overhead %-8s ngl %-2s rep %s policy %-4s %s %s\n' "$proto" "$ngl" "$rep" "$pol" \
+                        "$(grep -o 'total time = *[0-9.]* ms' "$log")" "$(grep -o 'summary: .*' "$log")" | tee -a "$sum"
+                done
             done
         done
     done
+    # means and ratios: "overhead PROTO ngl N rep R policy P total time = T ms ..."
+    awk '$1 == "overhead" { k = $2 " ngl " $4; t[k, $8] += $12; n[k, $8]++; keys[k] = 1 }
+         END { for (k in keys) printf "ratio %-20s none %8.1f ms  V3 %8.1f ms  V3/none %.3f\n", k,
+                   t[k, "none"] / n[k, "none"], t[k, "2"] / n[k, "2"], (t[k, "2"] / n[k, "2"]) / (t[k, "none"] / n[k, "none"]) }' \
+        "$sum" | sort | tee -a "$sum"
     return "$rc"
 }
 

@@ -183,11 +183,13 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
         ls.group = (int32_t) g;
     }
     for (auto & ls : layers) {
-        ls.z_off = 0;
+        ls.z_off = ls.c_off = 0;
         for (int32_t g = 0; g < ls.group; ++g) {
             ls.z_off += (size_t) group_rope[g]->head_dim;
+            ls.c_off += (size_t) group_rope[g]->head_dim / 2;
         }
     }
+    c_pairs = rec_floats / 2;
     rec_floats += 1;  // the constant c
 }
 
@@ -344,6 +346,41 @@ void llama_triatt::forget_written(const llama_ubatch & ubatch) {
     }
 }
 
+ggml_backend_t llama_triatt::copy_backend(ggml_backend_buffer_t buf) const {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
+    const int n = sched != nullptr && dev != nullptr ? ggml_backend_sched_get_n_backends(sched) : 0;
+    for (int i = 0; i < n; ++i) {
+        ggml_backend_t be = ggml_backend_sched_get_backend(sched, i);
+        if (ggml_backend_get_device(be) == dev) {
+            return be;
+        }
+    }
+    return nullptr;
+}
+
+uint8_t * llama_triatt::slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft) {
+    if (slabs.size() <= i) {
+        slabs.resize(i + 1);
+    }
+    host_slab & h = slabs[i];
+    if (h.data == nullptr || h.size < bytes) {
+        // the device's pinned host memory where it has one: a device-to-host copy into pageable memory is staged and
+        // several times slower
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(dev_buft);
+        ggml_backend_buffer_type_t pinned = dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+        h.buf.reset(pinned != nullptr ? ggml_backend_buft_alloc_buffer(pinned, bytes + bytes / 4) : nullptr);
+        if (h.buf) {
+            h.data = (uint8_t *) ggml_backend_buffer_get_base(h.buf.get());
+            h.size = ggml_backend_buffer_get_size(h.buf.get());
+        } else {
+            h.mem.resize(bytes + bytes / 4);
+            h.data = h.mem.data();
+            h.size = h.mem.size();
+        }
+    }
+    return h.data;
+}
+
 void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const std::vector<uint32_t> & cells,
                               folded_keys & fk) {
     if (cells.empty()) {
@@ -379,6 +416,7 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
         size_t slab;
     };
     std::vector<layer_rows> lr;
+    std::vector<ggml_backend_t> pending;  // backends with copies queued on their stream
     bool synced = false;
     size_t n_slabs = 0;
     for (const auto & ls : layers) {
@@ -390,39 +428,55 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
         if (k->buffer != nullptr && ggml_backend_buffer_is_host(k->buffer)) {
             L.host = (const uint8_t *) k->data + stream * k->nb[2];
         } else {
-            if (!synced && sched != nullptr) {
+            // the copies go on the stream of the backend that computes with this cache, behind the ubatch that wrote
+            // the keys, and are waited for once; without such a backend, the scheduler is synchronized first
+            ggml_backend_t be = copy_backend(k->buffer);
+            if (be == nullptr && !synced && sched != nullptr) {
+                const int64_t t0 = ggml_time_us();
                 ggml_backend_sched_synchronize(sched);
+                wait_ms += (ggml_time_us() - t0) / 1000.0;
                 synced = true;
             }
-            if (slabs.size() <= n_slabs) {
-                slabs.resize(n_slabs + 1);
-            }
-            L.slab = n_slabs++;
-            std::vector<uint8_t> & buf = slabs[L.slab];
             size_t rows = 0;
             for (const auto & [lo, hi] : runs) {
                 rows += hi - lo;
             }
-            buf.resize(rows * L.row_bytes);
+            L.slab = n_slabs++;
+            uint8_t * buf = slab(L.slab, rows * L.row_bytes, ggml_backend_buffer_get_type(k->buffer));
             size_t off = 0;
             for (const auto & [lo, hi] : runs) {
-                ggml_backend_tensor_get(k, buf.data() + off, stream * k->nb[2] + L.row_bytes * lo, L.row_bytes * (hi - lo));
-                off += L.row_bytes * (hi - lo);
+                const size_t src = stream * k->nb[2] + L.row_bytes * lo, bytes = L.row_bytes * (hi - lo);
+                if (be != nullptr) {
+                    ggml_backend_tensor_get_async(be, k, buf + off, src, bytes);
+                } else {
+                    ggml_backend_tensor_get(k, buf + off, src, bytes);
+                }
+                off += bytes;
+            }
+            if (be != nullptr && std::find(pending.begin(), pending.end(), be) == pending.end()) {
+                pending.push_back(be);
             }
         }
         lr.push_back(L);
+    }
+    if (!pending.empty()) {
+        const int64_t t0 = ggml_time_us();
+        for (ggml_backend_t be : pending) {
+            ggml_backend_synchronize(be);
+        }
+        wait_ms += (ggml_time_us() - t0) / 1000.0;
     }
     // cells [j0, j1) of sorted on one thread: decode, undo upstream's rotation and the key transforms, fold every
     // layer's KV heads into the cell's record (summed in double, in model order whatever the split)
     auto fold_range = [&](size_t j0, size_t j1) {
         const size_t m = j1 - j0;
-        std::vector<double> acc(m * rec_floats, 0.0);
+        std::vector<float> acc(m * rec_floats, 0.0f), cacc(m * c_pairs, 0.0f);
         std::vector<float> keys;
         for (const auto & L : lr) {
             keys.resize(m * L.n_embd);
             const auto * traits = ggml_get_type_traits(L.type);
             for (size_t j = j0; j < j1; ++j) {
-                const uint8_t * src = L.host ? L.host + L.row_bytes * sorted[j] : slabs[L.slab].data() + L.row_bytes * slab_row[j];
+                const uint8_t * src = L.host ? L.host + L.row_bytes * sorted[j] : slabs[L.slab].data + L.row_bytes * slab_row[j];
                 float * dst = keys.data() + (j - j0) * L.n_embd;
                 if (L.type == GGML_TYPE_F32) {
                     std::memcpy(dst, src, L.n_embd * sizeof(float));
@@ -436,16 +490,22 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
             kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);  // scores are computed on the true keys
             const size_t np = (size_t) L.ls->head_dim / 2;
             for (size_t c = 0; c < m; ++c) {
-                double * a = acc.data() + c * rec_floats;
+                float * z = acc.data() + c * rec_floats + L.ls->z_off;
                 for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
                     triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
-                                    keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, a + L.ls->z_off,
-                                    a + rec_floats - 1);
+                                    keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, z, z + np,
+                                    cacc.data() + c * c_pairs + L.ls->c_off);
                 }
             }
         }
         for (size_t j = j0; j < j1; ++j) {
-            std::copy_n(acc.data() + (j - j0) * rec_floats, rec_floats, fk.rec.data() + (size_t) sorted[j] * rec_floats);
+            float * a = acc.data() + (j - j0) * rec_floats;
+            double cs = 0.0;
+            for (size_t f = 0; f < c_pairs; ++f) {
+                cs += cacc[(j - j0) * c_pairs + f];
+            }
+            a[rec_floats - 1] = (float) cs;
+            std::copy_n(a, rec_floats, fk.rec.data() + (size_t) sorted[j] * rec_floats);
             fk.pos[sorted[j]] = kc.pos_get(sorted[j]);
         }
     };
@@ -482,6 +542,7 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
     int32_t n_folded = 0;
+    wait_ms = 0.0;
     if (triatt_policy_scored(cfg.hybrid)) {  // the baselines rank by position alone
         const uint32_t stream = kv->get_stream(seq);
         if (folded.size() <= stream) {
@@ -502,17 +563,19 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         n_folded = (int32_t) stale.size();
         folded_total += n_folded;
         // the round: each group's phase at t_now turns every folded key's state (np complex multiply-adds a cell)
-        std::vector<std::vector<double>> ph(group_rope.size());
+        std::vector<std::vector<double>> ph(group_rope.size());  // per group: cos, then sin
         for (size_t g = 0; g < group_rope.size(); ++g) {
-            ph[g].resize((size_t) group_rope[g]->head_dim);
-            triatt_phase(&group_rope[g]->rope, (double) t_now, ph[g].data());
+            const size_t np = (size_t) group_rope[g]->head_dim / 2;
+            ph[g].resize(2 * np);
+            triatt_phase(&group_rope[g]->rope, (double) t_now, ph[g].data(), ph[g].data() + np);
         }
         for (int32_t c = 0; c < n; ++c) {
             const float * r = fk.rec.data() + (size_t) idx[c] * rec_floats;
             double sc = r[rec_floats - 1];
             size_t off = 0;
             for (size_t g = 0; g < group_rope.size(); ++g) {
-                sc = triatt_score_folded(group_rope[g]->head_dim / 2, ph[g].data(), r + off, sc);
+                const int32_t np = group_rope[g]->head_dim / 2;
+                sc = triatt_score_folded(np, ph[g].data(), ph[g].data() + np, r + off, r + off + np, sc);
                 off += (size_t) group_rope[g]->head_dim;
             }
             score[c] = (float) sc;
@@ -550,8 +613,8 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const double ms = (ggml_time_us() - t0) / 1000.0;
     t_ms += ms;
     LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f "
-                   "folded=%d\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget, triatt_policy_name(cfg.hybrid), t_now, ms,
-                   n_folded);
+                   "folded=%d wait_ms=%.1f\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget, triatt_policy_name(cfg.hybrid),
+                   t_now, ms, n_folded, wait_ms);
 }
 
 // ---- the C API (include/llama.h) -----------------------------------------------------------------------------------

@@ -5,9 +5,10 @@
 //
 // Log format (parsed by llama_tq.harness.common; keep them in step; the policy is V1, V2, V3, StreamingLLM or random):
 //   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
-//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F
+//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F wait_ms=W
 //                           (P: the newest position in the sequence when the round ran; F: the cells whose keys
-//                           were read and folded in this round, the others' folded keys were kept from earlier rounds)
+//                           were read and folded in this round, the others' folded keys were kept from earlier rounds;
+//                           W: the part of T spent waiting for a device to finish the ubatch and the copies of its keys)
 //   warn (shown at the default verbosity), when the context ends:
 //                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T folded=F
 #pragma once
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ggml-backend.h"
+#include "ggml-cpp.h"
 #include "triatt.h"
 
 struct llama_model;
@@ -60,13 +62,14 @@ private:
         std::vector<double> sum_re, sum_im, sum_mag;  // [n_head_kv][head_dim/2]
         std::vector<int64_t> count;                   // per KV head
         std::vector<float> mu_re, mu_im, mag;         // means, after calibration
-        std::vector<double> w_re, w_im, b;            // triatt_weights per KV head, after calibration
+        std::vector<float> w_re, w_im, b;             // triatt_weights per KV head, after calibration
         int32_t group = 0;                            // layers with the same RoPE angles fold into one state
-        size_t z_off = 0;                             // where that state starts in a cell's record
+        size_t z_off = 0;                             // where that state (z_re, then z_im) starts in a cell's record
+        size_t c_off = 0;                             // where the group's per-pair c terms start while folding
     };
 
-    // A cell's folded key (triatt_fold_key): per group of layers with the same angles 2 * np floats, then the
-    // constant c. Kept per stream and cell with the position the key had; a round folds only the cells whose
+    // A cell's folded key (triatt_fold_key): per group of layers with the same angles z_re and z_im (np floats
+    // each), then the constant c. Kept per stream and cell with the position the key had; a round folds only the cells whose
     // record is missing or stale (written by a ubatch since, moved, or forgotten), so a key is read from the cache,
     // decoded and folded once, not once per round.
     struct folded_keys {
@@ -104,11 +107,21 @@ private:
     int32_t rounds = 0;
     int64_t evicted = 0;
     int64_t folded_total = 0;  // keys read and folded (a key is folded again only after its cell changed)
-    double t_ms = 0.0;  // time spent in eviction rounds
+    double t_ms = 0.0;     // time spent in eviction rounds
+    double wait_ms = 0.0;  // this round's wait for the device (in t_ms)
     ggml_backend_sched_t sched = nullptr;    // the ubatch's scheduler: synchronized before K is read
     std::vector<const layer_stats *> group_rope;  // per group: a layer whose angles the group shares
-    size_t rec_floats = 0;
+    size_t rec_floats = 0;  // per cell: head_dim floats a group, then c
+    size_t c_pairs = 0;     // per cell while folding: head_dim / 2 c terms a group
     std::vector<folded_keys> folded;         // per stream
-    std::vector<std::vector<uint8_t>> slabs;  // K rows copied from a device cache, per scored layer, reused
+    struct host_slab {  // K rows copied from a device cache for one scored layer, reused across rounds
+        ggml_backend_buffer_ptr buf;  // pinned host memory of the cache's device, where it has one
+        std::vector<uint8_t> mem;     // else pageable memory
+        uint8_t * data = nullptr;
+        size_t size = 0;
+    };
+    std::vector<host_slab> slabs;
+    uint8_t * slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft);
+    ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
     std::vector<float> rowbuf;
 };
