@@ -389,8 +389,7 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
     const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
     std::vector<uint32_t> sorted = cells;
     std::sort(sorted.begin(), sorted.end());
-    // K rows: in place when the cache is in host memory; from a device, only the ranges that hold these cells, after
-    // the scheduler has finished the ubatch that wrote them (its compute stream is not ordered with the copy's)
+    // K rows: in place when the cache is in host memory; from a device, only the ranges that hold these cells
     size_t max_row = 1;
     for (const auto & ls : layers) {
         max_row = std::max(max_row, kv->get_k_storage(ls.il)->nb[1]);

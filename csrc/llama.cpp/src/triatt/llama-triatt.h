@@ -69,9 +69,9 @@ private:
     };
 
     // A cell's folded key (triatt_fold_key): per group of layers with the same angles z_re and z_im (np floats
-    // each), then the constant c. Kept per stream and cell with the position the key had; a round folds only the cells whose
-    // record is missing or stale (written by a ubatch since, moved, or forgotten), so a key is read from the cache,
-    // decoded and folded once, not once per round.
+    // each), then the constant c. Kept per stream and cell with the position the key had; a round folds only the
+    // cells whose record is missing or stale (written by a ubatch since, moved, or forgotten), so a key is read from
+    // the cache, decoded and folded once, not once per round.
     struct folded_keys {
         std::vector<float> rec;     // [cell][rec_floats]
         std::vector<int32_t> pos;   // the position the record was folded at; INT32_MIN = none
@@ -109,7 +109,7 @@ private:
     int64_t folded_total = 0;  // keys read and folded (a key is folded again only after its cell changed)
     double t_ms = 0.0;     // time spent in eviction rounds
     double wait_ms = 0.0;  // this round's wait for the device (in t_ms)
-    ggml_backend_sched_t sched = nullptr;    // the ubatch's scheduler: synchronized before K is read
+    ggml_backend_sched_t sched = nullptr;    // the ubatch's scheduler: its backends copy K rows behind the ubatch
     std::vector<const layer_stats *> group_rope;  // per group: a layer whose angles the group shares
     size_t rec_floats = 0;  // per cell: head_dim floats a group, then c
     size_t c_pairs = 0;     // per cell while folding: head_dim / 2 c terms a group
