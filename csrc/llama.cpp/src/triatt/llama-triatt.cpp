@@ -178,16 +178,10 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
         }
         if (g == group_rope.size()) {
             group_rope.push_back(&ls);
+            ls.z_off = rec_floats;
             rec_floats += (size_t) ls.head_dim;  // 2 floats for each of head_dim / 2 pairs
         }
-        ls.group = (int32_t) g;
-    }
-    for (auto & ls : layers) {
-        ls.z_off = ls.c_off = 0;
-        for (int32_t g = 0; g < ls.group; ++g) {
-            ls.z_off += (size_t) group_rope[g]->head_dim;
-            ls.c_off += (size_t) group_rope[g]->head_dim / 2;
-        }
+        ls.z_off = group_rope[g]->z_off;
     }
     c_pairs = rec_floats / 2;
     rec_floats += 1;  // the constant c
@@ -466,10 +460,13 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
         wait_ms += (ggml_time_us() - t0) / 1000.0;
     }
     // cells [j0, j1) of sorted on one thread: decode, undo upstream's rotation and the key transforms, fold every
-    // layer's KV heads into the cell's record (summed in double, in model order whatever the split)
+    // layer's KV heads into the cell's record (per pair, in model order whatever the split; c summed in double)
     auto fold_range = [&](size_t j0, size_t j1) {
         const size_t m = j1 - j0;
-        std::vector<float> acc(m * rec_floats, 0.0f), cacc(m * c_pairs, 0.0f);
+        std::vector<float> cacc(m * c_pairs, 0.0f);
+        for (size_t j = j0; j < j1; ++j) {
+            std::fill_n(fk.rec.data() + (size_t) sorted[j] * rec_floats, rec_floats, 0.0f);
+        }
         std::vector<float> keys;
         for (const auto & L : lr) {
             keys.resize(m * L.n_embd);
@@ -489,22 +486,20 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
             kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);  // scores are computed on the true keys
             const size_t np = (size_t) L.ls->head_dim / 2;
             for (size_t c = 0; c < m; ++c) {
-                float * z = acc.data() + c * rec_floats + L.ls->z_off;
+                float * z = fk.rec.data() + (size_t) sorted[j0 + c] * rec_floats + L.ls->z_off;
                 for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
                     triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
                                     keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, z, z + np,
-                                    cacc.data() + c * c_pairs + L.ls->c_off);
+                                    cacc.data() + c * c_pairs + L.ls->z_off / 2);
                 }
             }
         }
         for (size_t j = j0; j < j1; ++j) {
-            float * a = acc.data() + (j - j0) * rec_floats;
             double cs = 0.0;
             for (size_t f = 0; f < c_pairs; ++f) {
                 cs += cacc[(j - j0) * c_pairs + f];
             }
-            a[rec_floats - 1] = (float) cs;
-            std::copy_n(a, rec_floats, fk.rec.data() + (size_t) sorted[j] * rec_floats);
+            fk.rec[(size_t) sorted[j] * rec_floats + rec_floats - 1] = (float) cs;
             fk.pos[sorted[j]] = kc.pos_get(sorted[j]);
         }
     };
@@ -571,11 +566,10 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         for (int32_t c = 0; c < n; ++c) {
             const float * r = fk.rec.data() + (size_t) idx[c] * rec_floats;
             double sc = r[rec_floats - 1];
-            size_t off = 0;
             for (size_t g = 0; g < group_rope.size(); ++g) {
                 const int32_t np = group_rope[g]->head_dim / 2;
-                sc = triatt_score_folded(np, ph[g].data(), ph[g].data() + np, r + off, r + off + np, sc);
-                off += (size_t) group_rope[g]->head_dim;
+                const float * z = r + group_rope[g]->z_off;
+                sc = triatt_score_folded(np, ph[g].data(), ph[g].data() + np, z, z + np, sc);
             }
             score[c] = (float) sc;
         }

@@ -65,7 +65,7 @@ private:
         std::vector<float> w_re, w_im, b;             // triatt_weights per KV head, after calibration
         int32_t group = 0;                            // layers with the same RoPE angles fold into one state
         size_t z_off = 0;                             // where that state (z_re, then z_im) starts in a cell's record
-        size_t c_off = 0;                             // where the group's per-pair c terms start while folding
+                                                      // (its per-pair c terms start at z_off / 2 while folding)
     };
 
     // A cell's folded key (triatt_fold_key): per group of layers with the same angles z_re and z_im (np floats
