@@ -22,7 +22,7 @@
 #   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH, BUILD_TARGETS (build stage's ninja targets).
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
-#   graphppl  llama-perplexity with the TQ decode kernels in real graphs: GPU with and without PDL, and the CPU
+#   graphppl  llama-perplexity with the TQ decode kernels in real graphs (ubatches of 1, 8, 128): GPU vs CPU
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
@@ -147,10 +147,9 @@ stage_bench() {
     local run t rc=0
     : > "$RES/llama_bench.md"
     for run in ${BENCH_TYPES:-f16 q8_0 q4_0 tq4 tq3 tq3@nokeys}; do
-        t=${run%@*} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms); "@nopdl": LLAMA_TQ_CUDA_PDL=0
-        [ "$t" != "$run" ] && echo "${run#*@}:" | tee -a "$RES/llama_bench.md"
-        LLAMA_TQ_KEYS=$([ "$run" = "$t@nokeys" ] && echo 0 || echo auto) \
-            LLAMA_TQ_CUDA_PDL=$([ "$run" = "$t@nopdl" ] && echo 0 || echo 1) \
+        t=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
+        [ "$t" != "$run" ] && echo "LLAMA_TQ_KEYS=0:" | tee -a "$RES/llama_bench.md"
+        LLAMA_TQ_KEYS=$([ "$t" = "$run" ] && echo auto || echo 0) \
             "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
             -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
@@ -271,8 +270,7 @@ stage_profile() {
 }
 
 # Decode kernels inside real graphs: llama-perplexity on a head-128 synthetic model (byte vocabulary) with ubatches
-# of 1 and 8 tokens (the TQ decode kernels) and 128 (prefill), TQ kernels launched with and without programmatic
-# dependent launch (LLAMA_TQ_CUDA_PDL) and on the CPU: the two GPU runs must give the same PPL, the CPU run a close one.
+# of 1 and 8 tokens (the TQ decode kernels) and 128 (prefill), on the GPU and on the CPU: PPL within a few tenths.
 stage_graphppl() {
     local m="$W/synth_ev.gguf" ub kv run log rc=0
     [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 8 --n-embd 1024 \
@@ -280,10 +278,9 @@ stage_graphppl() {
     head -c 20000 .gpu/wiki.test.raw > "$W/ev_text.txt"
     for kv in ${GP_KV:-tq3/tq3 tq4/tq3}; do
         for ub in ${GP_UB:-1 8 128}; do
-            for run in pdl nopdl cpu; do
+            for run in gpu cpu; do
                 log="$RES/graphppl_${kv/\//_}_ub${ub}_$run.log"
-                LLAMA_TQ_CUDA_PDL=$([ "$run" = nopdl ] && echo 0 || echo 1) \
-                    "$bin/llama-perplexity" -m "$m" -f "$W/ev_text.txt" -c 512 -b 512 -ub "$ub" --chunks 3 -fa on \
+                "$bin/llama-perplexity" -m "$m" -f "$W/ev_text.txt" -c 512 -b 512 -ub "$ub" --chunks 3 -fa on \
                     -ctk "${kv%/*}" -ctv "${kv#*/}" -ngl "$([ "$run" = cpu ] && echo 0 || echo 99)" -t "$(nproc)" \
                     > "$log" 2>&1 || rc=1
                 printf 'graphppl %-8s ub %-3s %-5s %s\n' "$kv" "$ub" "$run" "$(grep -o 'Final estimate: PPL = [0-9.]*' "$log")"

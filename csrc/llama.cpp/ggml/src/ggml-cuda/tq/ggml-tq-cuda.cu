@@ -101,9 +101,7 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src,
                                                                const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
-    tq_pdl_trigger();
     tq_cu_tables_load<N>(t, tab, threadIdx.x);
-    tq_pdl_wait();
     tq_quantize_rows_block<BITS, N, src_t, idx_t>(t, sm, src, ids, dst, sh, blockIdx.x, threadIdx.x);
 }
 
@@ -123,9 +121,7 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const tq_rows_jo
                                                                 const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
-    tq_pdl_trigger();
     tq_cu_tables_load<N>(t, tab, threadIdx.x);
-    tq_pdl_wait();
     if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
         tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x,
                                                     j0.mu, j0.s);
@@ -144,12 +140,12 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
     }
     const dim3 grid((unsigned) n);
     switch (type) {
-        case GGML_TYPE_TQ3:    tq_launch(k_tq_quantize_rows<3, TQ_BLOCK, src_t, idx_t>, grid, TQ_BLOCK, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4:    tq_launch(k_tq_quantize_rows<4, TQ_BLOCK, src_t, idx_t>, grid, TQ_BLOCK, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_64: tq_launch(k_tq_quantize_rows<3, TQ_BLOCK_64, src_t, idx_t>, grid, TQ_BLOCK_64, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4_64: tq_launch(k_tq_quantize_rows<4, TQ_BLOCK_64, src_t, idx_t>, grid, TQ_BLOCK_64, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_96: tq_launch(k_tq_quantize_rows<3, TQ_BLOCK_96, src_t, idx_t>, grid, TQ_BLOCK_96, stream, src, ids, dst, sh, tq_tables()); break;
-        default:               tq_launch(k_tq_quantize_rows<4, TQ_BLOCK_96, src_t, idx_t>, grid, TQ_BLOCK_96, stream, src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3:    k_tq_quantize_rows<3, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4:    k_tq_quantize_rows<4, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_64: k_tq_quantize_rows<3, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4_64: k_tq_quantize_rows<4, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_96: k_tq_quantize_rows<3, TQ_BLOCK_96, src_t, idx_t><<<grid, TQ_BLOCK_96, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        default:               k_tq_quantize_rows<4, TQ_BLOCK_96, src_t, idx_t><<<grid, TQ_BLOCK_96, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -162,10 +158,8 @@ static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * 
                                                                    const tq_rows_shape sh,
                                                                    const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
-    tq_pdl_trigger();
     tq_cu_tables_load(t, tab, threadIdx.x);
     __syncthreads();
-    tq_pdl_wait();
     const int lane = threadIdx.x & 31;
     tq_rows_pos p;
     if (!tq_rows_locate(sh, (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5), p)) { // one warp per block
@@ -197,20 +191,18 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
     }
     const dim3 grid((unsigned) ((n + 3) / 4));
     switch (type) {
-        case GGML_TYPE_TQ3:    tq_launch(k_tq_dequantize_rows<3, TQ_BLOCK, dst_t, IDS>, grid, 128, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4:    tq_launch(k_tq_dequantize_rows<4, TQ_BLOCK, dst_t, IDS>, grid, 128, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_64: tq_launch(k_tq_dequantize_rows<3, TQ_BLOCK_64, dst_t, IDS>, grid, 128, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4_64: tq_launch(k_tq_dequantize_rows<4, TQ_BLOCK_64, dst_t, IDS>, grid, 128, stream, src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_96: tq_launch(k_tq_dequantize_rows<3, TQ_BLOCK_96, dst_t, IDS>, grid, 128, stream, src, ids, dst, sh, tq_tables()); break;
-        default:               tq_launch(k_tq_dequantize_rows<4, TQ_BLOCK_96, dst_t, IDS>, grid, 128, stream, src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3:    k_tq_dequantize_rows<3, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4:    k_tq_dequantize_rows<4, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_64: k_tq_dequantize_rows<3, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ4_64: k_tq_dequantize_rows<4, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        case GGML_TYPE_TQ3_96: k_tq_dequantize_rows<3, TQ_BLOCK_96, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+        default:               k_tq_dequantize_rows<4, TQ_BLOCK_96, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
     }
     CUDA_CHECK(cudaGetLastError());
 }
 
 // Same-type copy of whole blocks (rows of blocks with arbitrary strides).
 static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_rows_shape sh, int bb) {
-    tq_pdl_trigger();
-    tq_pdl_wait();
     const int lane = threadIdx.x & 31;
     tq_rows_pos p;
     if (!tq_rows_locate(sh, (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5), p)) { // one warp per block
@@ -388,7 +380,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             if (a->type == b->type) {
                 const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
                 if (n > 0) {
-                    tq_launch(k_tq_copy_blocks, (unsigned) ((n + 3) / 4), 128, stream, s, d, sh, (int) ggml_type_size(a->type));
+                    k_tq_copy_blocks<<<(unsigned) ((n + 3) / 4), 128, 0, stream>>>(s, d, sh, (int) ggml_type_size(a->type));
                     CUDA_CHECK(cudaGetLastError());
                 }
             } else if (ggml_cuda_tq_is_tq(b->type)) {
@@ -433,13 +425,13 @@ static void tq_quantize_rows2(int b0, int b1, const tq_rows_job & j0, const tq_r
     const dim3 grid((unsigned) (j0.n + j1.n));
     const tq_cu_tables & tab = tq_tables();
     if (b0 == 3 && b1 == 3) {
-        tq_launch(k_tq_quantize_rows2<3, 3, N, int64_t>, grid, N, stream, j0, j1, tab);
+        k_tq_quantize_rows2<3, 3, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
     } else if (b0 == 3) {
-        tq_launch(k_tq_quantize_rows2<3, 4, N, int64_t>, grid, N, stream, j0, j1, tab);
+        k_tq_quantize_rows2<3, 4, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
     } else if (b1 == 3) {
-        tq_launch(k_tq_quantize_rows2<4, 3, N, int64_t>, grid, N, stream, j0, j1, tab);
+        k_tq_quantize_rows2<4, 3, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
     } else {
-        tq_launch(k_tq_quantize_rows2<4, 4, N, int64_t>, grid, N, stream, j0, j1, tab);
+        k_tq_quantize_rows2<4, 4, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
     }
     CUDA_CHECK(cudaGetLastError());
 }

@@ -5,28 +5,6 @@
 #include "common.cuh"
 #include "convert.cuh"
 
-#include <cstdlib>
-#include <utility>
-
-// Launches a TQ kernel the way upstream launches its own (ggml_cuda_kernel_launch: programmatic dependent launch on
-// sm_90+ unless GGML_CUDA_PDL=0), so that a decode step's chain of small kernels is not serialized at every TQ
-// kernel; LLAMA_TQ_CUDA_PDL=0 launches them plainly (for side-by-side timing). The kernels call tq_pdl_wait()
-// before touching graph memory (tq-cuda-codec.cuh).
-template <typename Kernel, typename... Args>
-static void tq_launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream, Args &&... args) {
-    static const bool pdl = [] {
-        const char * e = getenv("LLAMA_TQ_CUDA_PDL");
-        return e == nullptr || atoi(e) != 0;
-    }();
-    if (pdl) {
-        ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, block, (size_t) 0, stream),
-                                std::forward<Args>(args)...);
-        return;
-    }
-    kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
-    CUDA_CHECK(cudaGetLastError());
-}
-
 static inline bool ggml_cuda_tq_is_tq(ggml_type t) {
     return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ||
            t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96;

@@ -15,20 +15,6 @@
 
 #include "tq_codec.h"
 
-// Programmatic dependent launch (sm_90+, as upstream's kernels use it): a kernel launched with the PDL attribute
-// (tq_launch in ggml-tq-cuda.cuh) may start while its predecessor still runs. It must call tq_pdl_wait() before it
-// touches any global memory the graph reads or writes (only kernel parameters and the constant tables before);
-// tq_pdl_trigger() lets the next kernel launch and run up to its own wait. Both are no-ops without the attribute.
-static __device__ __forceinline__ void tq_pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUDART_VERSION >= 11080 && !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
-    cudaGridDependencySynchronize();
-#endif
-}
-static __device__ __forceinline__ void tq_pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUDART_VERSION >= 11080 && !defined(GGML_USE_HIP) && !defined(GGML_USE_MUSA)
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
-}
 
 struct tq_cu_tables {
     float cent3[8];

@@ -409,7 +409,6 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
 
-    tq_pdl_trigger();
     if (tid < 8) {
         cb[tid] = SW == 64 ? p.tab.cent3_64[tid] : SW == 96 ? p.tab.cent3_96[tid] : p.tab.cent3[tid];
     }
@@ -417,7 +416,6 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         cb[8 + tid]  = SW == 64 ? p.tab.cent4_64[tid] : SW == 96 ? p.tab.cent4_96[tid] : p.tab.cent4[tid];
         cb[24 + tid] = p.tab.sub[tid];
     }
-    tq_pdl_wait();
 
     int tok[C], head[C];
     bool ok[C];
@@ -661,11 +659,9 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
     const int c = col % C, grp = (col / C) % n_groups, kvh = (col / (C * n_groups)) % n_kvh;
     const int z = col / (C * n_groups * n_kvh);
     const int tok = grp * tpg + c / gqa, head = kvh * gqa + c % gqa;
-    tq_pdl_trigger();
     if (col >= n_cols_total || c >= tpg * gqa || tok >= n_q) {
         return; // warp-uniform; block-uniform when the warps share a column
     }
-    tq_pdl_wait();
     float mx = -INFINITY;
     for (int i = lane; i < n_chunks; i += 32) {
         mx = fmaxf(mx, ml[(int64_t) i * n_cols_total + col].x);

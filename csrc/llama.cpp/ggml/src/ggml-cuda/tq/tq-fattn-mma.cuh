@@ -195,10 +195,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const int g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
     const int C = p.tpg * p.gqa; // valid columns (<= 8)
-    tq_pdl_trigger();
 
-    // pair tables: entry e = a | b << bits holds half2(c[a], c[b]); built while the previous kernel (the K/V write)
-    // may still run
+    // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
     tq_mma_fill_lut<TK, D>(lutk, p.tab, tid);
     if constexpr (!SAME) {
         tq_mma_fill_lut<TV, D>(lutv, p.tab, tid);
@@ -206,7 +204,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     if (tid < 16) {
         sub[tid] = p.tab.sub[tid];
     }
-    tq_pdl_wait();
 
     // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero)
     uint32_t qa[NB][8][2];

@@ -38,18 +38,18 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
                 p.dnb1 = dst->nb[1]; p.dnb2 = dst->nb[2]; p.dnb3 = dst->nb[3];
                 p.sinks = sinks ? (const float *) sinks->data : nullptr;
             }
-            tq_launch(tq_fa_mma_kernel<D, TK, TV>, grid, TQ_MMA_WARPS * 32, stream, p);
+            tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32, 0, stream>>>(p);
             mma = true;
         }
     }
     if (!mma) {
-        tq_launch(tq_fa_decode_kernel<D, C, TK, TV>, grid, TQ_FA_THREADS, stream, p);
+        tq_fa_decode_kernel<D, C, TK, TV><<<grid, TQ_FA_THREADS, 0, stream>>>(p);
     }
     CUDA_CHECK(cudaGetLastError());
     if (p.dst != nullptr) {
         return;
     }
-    tq_launch(tq_fa_merge_kernel<D, tq_fa_block_n(TV)>, tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, stream,
+    tq_fa_merge_kernel<D, tq_fa_block_n(TV)><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, 0, stream>>>(
         p.part, p.ml, sinks ? (const float *) sinks->data : nullptr, (char *) dst->data, dst->nb[1], dst->nb[2],
         dst->nb[3], n_chunks, p.n_cols_total, C, p.n_groups, n_kvh, p.tpg, p.gqa, p.n_q, p.tab);
     CUDA_CHECK(cudaGetLastError());
