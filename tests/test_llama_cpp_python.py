@@ -136,7 +136,7 @@ TRIATT_SCRIPT = textwrap.dedent(
 
 def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """TriAttention V3 on a llama-cpp-python context through the new C API: bad settings raise with llama.cpp's
-    message; 1400 tokens against a budget of 600 evict (a round each time the cache passes 600 + 128)."""
+    message; 1400 tokens against a budget of 600 evict."""
     from llama_tq.harness.demo import default_text
 
     text = tmp_path / "t.txt"
@@ -147,7 +147,8 @@ def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no
     assert "ERROR --triatt-budget 200 must exceed the protected cells" in proc.stdout
     stats = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS")).split()
     rounds, evicted = int(stats[1]), int(stats[2])
-    assert rounds >= 1 and evicted >= 1400 - 600 - 128 * rounds, proc.stdout
+    # a round leaves the budget plus the newest ubatch's cells older than the window (at most 512 - 128)
+    assert rounds >= 1 and evicted >= 1400 - 600 - (512 - 128), proc.stdout
 
 
 FOLD_SCRIPT = textwrap.dedent(
@@ -183,5 +184,6 @@ def test_triatt_reads_each_key_once(binding: None, tmp_path) -> None:  # type: i
     (r1, _, f1), (r2, _, f2), (r3, _, f3) = (
         map(int, ln.split()[1:]) for ln in proc.stdout.splitlines() if ln.startswith("STATS"))  # fmt: skip
     assert r1 >= 1 and f1 >= 600 + 128, proc.stdout  # the first round reads every cached key
-    assert r2 > r1 and 0 < f2 - f1 <= 200, proc.stdout  # later rounds: only the 200 new tokens' keys at most
+    # later: only new keys, the 200 tokens' and the last ubatch's before them (read after the next ubatch)
+    assert r2 > r1 and 0 < f2 - f1 <= 200 + 64, proc.stdout
     assert r3 > r2 and f3 - f2 >= 600, proc.stdout  # after the state read: every kept key again

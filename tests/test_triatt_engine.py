@@ -204,3 +204,15 @@ def test_calibration_and_score_match_brute_force(head: int, n_rot: int, neox: bo
     want = (k_post @ q_future.T).mean(1)
     want += (np.hypot(k_post[:, i_re], k_post[:, i_im]) * np.maximum(mag - np.hypot(mu_re, mu_im), 0)).sum(1)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3 * np.abs(want).max())
+
+
+def test_f16_keys_convert_exactly() -> None:
+    """A round converts f16 keys with F16C where the CPU has it, else a portable conversion: every one of the 65,536
+    half bit patterns gives the float NumPy gives (NaNs stay NaNs)."""
+    h = np.arange(1 << 16, dtype=np.uint16)
+    got = tri.f16_to_f32(h)
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.array_equal(tri.f16_to_f32(h[3:20]), want[3:20])  # lengths that are not a multiple of 8

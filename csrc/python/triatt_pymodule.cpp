@@ -74,8 +74,10 @@ PYBIND11_MODULE(_triatt, m) {
         const triatt_rope r = make_rope((int) q.shape(1), n_rot, neox, freq_base, freq_scale);
         const size_t np = (size_t) r.head_dim / 2;
         std::vector<double> re(np), im(np), mag(np);
-        triatt_calib_add(&r, q.data(), (size_t) q.shape(1), pos.data(), (int32_t) q.shape(0), re.data(), im.data(),
-                         mag.data());
+        if (triatt_calib_add(&r, q.data(), (size_t) q.shape(1), pos.data(), (int32_t) q.shape(0), re.data(), im.data(),
+                             mag.data()) != 0) {
+            throw std::bad_alloc();
+        }
         f32 mu_re(np), mu_im(np), mean_mag(np);
         const double inv = q.shape(0) > 0 ? 1.0 / (double) q.shape(0) : 0.0;
         for (size_t f = 0; f < np; ++f) {
@@ -119,4 +121,9 @@ PYBIND11_MODULE(_triatt, m) {
     }, py::arg("k"), py::arg("mu_re"), py::arg("mu_im"), py::arg("mag"), py::arg("t_now"), py::arg("n_rot"),
        py::arg("neox"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("max_log2") = 16,
        "TriAttention score of post-RoPE key rows of one head.");
+    m.def("f16_to_f32", [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> h) {
+        py::array_t<float> out(h.size());
+        triatt_f16_to_f32(h.data(), out.mutable_data(), (size_t) h.size());
+        return out;
+    }, py::arg("h"), "IEEE half bit patterns to float32, as a round converts f16 keys.");
 }

@@ -5,6 +5,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TRIATT_F16C 1
+#endif
 
 void triatt_config_default(triatt_config *c) {
     c->budget = 0;
@@ -77,6 +83,16 @@ static int by_pos(const void *a, const void *b) {
     return (pa > pb) - (pa < pb);
 }
 
+/* Sorts cell indices by position (g_sel.pos); a round's cells usually come in position order already. */
+static void sort_by_pos(int32_t *idx, int32_t n) {
+    for (int32_t j = 1; j < n; ++j) {
+        if (g_sel.pos[idx[j - 1]] > g_sel.pos[idx[j]]) {
+            qsort(idx, (size_t)n, sizeof *idx, by_pos);
+            return;
+        }
+    }
+}
+
 /* Higher score first; NaN last; ties: older position first. */
 static int by_score(const void *a, const void *b) {
     const int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
@@ -101,7 +117,7 @@ static int pool_scores(int32_t n, const int32_t *pos, const float *score, int32_
         ord[i] = i;
     }
     g_sel.pos = pos;
-    qsort(ord, (size_t)n, sizeof *ord, by_pos);
+    sort_by_pos(ord, n);
     for (int32_t k = 0; k < n; ++k) {
         const int64_t p = pos[ord[k]];
         float m = score[ord[k]];
@@ -190,7 +206,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
         take(cand, n_cand, free_slots, keep);
         kept += free_slots;
     } else {
-        qsort(cand, (size_t)n_cand, sizeof *cand, by_pos);
+        sort_by_pos(cand, n_cand);
         g_sel.score = pooled ? pooled : score;
         const int32_t segs = c->segments < n_cand ? c->segments : (n_cand > 0 ? n_cand : 1);
         int32_t given = 0;
@@ -231,22 +247,49 @@ void triatt_pair(const triatt_rope *r, int32_t f, int32_t *i_re, int32_t *i_im, 
     }
 }
 
-void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
-                      double *sum_re, double *sum_im, double *sum_mag) {
+void triatt_calib_phases(const triatt_rope *r, const int32_t *pos, int32_t n, double *cs, double *sn) {
     const int32_t np = r->head_dim / 2;
     for (int32_t f = 0; f < np; ++f) {
         int32_t a, b;
         double th;
         triatt_pair(r, f, &a, &b, &th);
         for (int32_t i = 0; i < n; ++i) {
+            const double ang = -th * pos[i]; /* undo RoPE: multiply by e^{-i theta t} */
+            cs[(size_t)f * n + i] = cos(ang);
+            sn[(size_t)f * n + i] = sin(ang);
+        }
+    }
+}
+
+void triatt_calib_add_ph(const triatt_rope *r, const float *q, size_t q_stride, int32_t n, const double *cs,
+                         const double *sn, double *sum_re, double *sum_im, double *sum_mag) {
+    const int32_t np = r->head_dim / 2;
+    for (int32_t f = 0; f < np; ++f) {
+        int32_t a, b;
+        double th;
+        triatt_pair(r, f, &a, &b, &th);
+        const double *c = cs + (size_t)f * n, *s = sn + (size_t)f * n;
+        for (int32_t i = 0; i < n; ++i) {
             const float *row = q + (size_t)i * q_stride;
-            const double x = row[a], y = row[b], ang = -th * pos[i]; /* undo RoPE: multiply by e^{-i theta t} */
-            const double cs = cos(ang), sn = sin(ang);
-            sum_re[f] += x * cs - y * sn;
-            sum_im[f] += x * sn + y * cs;
+            const double x = row[a], y = row[b];
+            sum_re[f] += x * c[i] - y * s[i];
+            sum_im[f] += x * s[i] + y * c[i];
             sum_mag[f] += sqrt(x * x + y * y);
         }
     }
+}
+
+int triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
+                     double *sum_re, double *sum_im, double *sum_mag) {
+    const size_t m = (size_t)(r->head_dim / 2) * (size_t)(n > 0 ? n : 1);
+    double *cs = malloc(2 * m * sizeof(double));
+    if (cs == NULL) {
+        return -1;
+    }
+    triatt_calib_phases(r, pos, n, cs, cs + m);
+    triatt_calib_add_ph(r, q, q_stride, n, cs, cs + m, sum_re, sum_im, sum_mag);
+    free(cs);
+    return 0;
 }
 
 void triatt_weights(const triatt_rope *r, const float *mu_re, const float *mu_im, const float *mag, int32_t max_log2,
@@ -316,4 +359,49 @@ double triatt_score_folded(int32_t np, const double *ph_cos, const double *ph_si
         s += ph_cos[f] * z_re[f] - ph_sin[f] * z_im[f];
     }
     return s;
+}
+
+/* ---- f16 keys ------------------------------------------------------------------------------------------------ */
+
+/* Exact half -> float without branches on the value (the loop vectorizes): a normal half's exponent is rebased by a
+ * multiply, a subnormal's mantissa is read as the fraction of 2^-14 by subtracting a magic number. */
+static float f16_to_f32_one(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    uint32_t bits = (two_w >> 4) + (0xE0u << 23);
+    float normal, sub;
+    memcpy(&normal, &bits, sizeof normal);
+    normal *= 0x1.0p-112f;
+    bits = (two_w >> 17) | (126u << 23);
+    memcpy(&sub, &bits, sizeof sub);
+    sub -= 0.5f;
+    uint32_t out;
+    memcpy(&out, two_w < (1u << 27) ? &sub : &normal, sizeof out);
+    out |= sign;
+    float f;
+    memcpy(&f, &out, sizeof f);
+    return f;
+}
+
+#ifdef TRIATT_F16C
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *x, float *y, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    }
+    for (; i < n; ++i) {
+        y[i] = f16_to_f32_one(x[i]);
+    }
+}
+#endif
+
+void triatt_f16_to_f32(const uint16_t *x, float *y, size_t n) {
+#ifdef TRIATT_F16C
+    if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")) {
+        f16_to_f32_f16c(x, y, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; ++i) {
+        y[i] = f16_to_f32_one(x[i]);
+    }
 }

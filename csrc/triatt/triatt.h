@@ -81,9 +81,17 @@ typedef struct triatt_rope {
 void triatt_pair(const triatt_rope *r, int32_t f, int32_t *i_re, int32_t *i_im, double *theta);
 
 /* Calibration: adds n query rows (post-RoPE, one head, row stride q_stride floats, positions pos) un-rotated to
- * pre-RoPE into per-pair sums of the complex value and of its magnitude (head_dim/2 doubles each). */
-void triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
-                      double *sum_re, double *sum_im, double *sum_mag);
+ * pre-RoPE into per-pair sums of the complex value and of its magnitude (head_dim/2 doubles each). 0, or -1 when out
+ * of memory. */
+int triatt_calib_add(const triatt_rope *r, const float *q, size_t q_stride, const int32_t *pos, int32_t n,
+                     double *sum_re, double *sum_im, double *sum_mag);
+
+/* The same in two steps, so that heads and layers with the same angles share the phases: cs / sn get
+ * cos / sin(-theta_f pos[i]) at [f * n + i] (head_dim/2 * n doubles each), then triatt_calib_add_ph adds the rows
+ * (the same sums as triatt_calib_add). */
+void triatt_calib_phases(const triatt_rope *r, const int32_t *pos, int32_t n, double *cs, double *sn);
+void triatt_calib_add_ph(const triatt_rope *r, const float *q, size_t q_stride, int32_t n, const double *cs,
+                         const double *sn, double *sum_re, double *sum_im, double *sum_mag);
 
 /* A key's score at round time t, s(t) = sum_f Re(A_f(t) conj(k_f)) + B_f |k_f| with A_f(t) = mu_f mean_D e^{i theta_f
  * (t + D)}, D in {1, 2, 4, ..., 2^max_log2}, factors into a phase of the round and a state fixed when the key is stored:
@@ -109,6 +117,10 @@ void triatt_phase(const triatt_rope *r, double t, double *ph_cos, double *ph_sin
 /* A folded key's score: c + sum_f Re((ph_cos[f] + i ph_sin[f]) (z_re[f] + i z_im[f])) over np pairs. */
 double triatt_score_folded(int32_t np, const double *ph_cos, const double *ph_sin, const float *z_re, const float *z_im,
                            double c);
+
+/* IEEE half -> float for n values (a round reads f16 keys): F16C where the CPU has it (checked at run time), else a
+ * portable exact conversion. Every half, subnormals, infinities and NaNs included, maps to the float it denotes. */
+void triatt_f16_to_f32(const uint16_t *x, float *y, size_t n);
 
 #ifdef __cplusplus
 }

@@ -129,7 +129,8 @@ std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, co
 
 llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv,
                            uint32_t n_seq_max, const triatt_config & cfg)
-    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)), cfg(cfg) {
+    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)), cfg(cfg),
+      n_ubatch(cparams.n_ubatch) {
     const auto & hp = model.hparams;
     layer_slot.assign(hp.n_layer(), -1);
     std::vector<uint32_t> ids = kv->get_layer_ids();
@@ -181,6 +182,7 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
             ls.z_off = rec_floats;
             rec_floats += (size_t) ls.head_dim;  // 2 floats for each of head_dim / 2 pairs
         }
+        ls.group = (int32_t) g;
         ls.z_off = group_rope[g]->z_off;
     }
     c_pairs = rec_floats / 2;
@@ -188,6 +190,14 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
 }
 
 llama_triatt::~llama_triatt() {
+    for (const auto & g : pending) {
+        await(g, true);  // copies still queued into the slabs
+    }
+    for (auto & [be, ev] : events) {
+        if (ev != nullptr) {
+            ggml_backend_event_free(ev);
+        }
+    }
     LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f folded=%lld\n",
                    triatt_policy_name(cfg.hybrid), cfg.budget, rounds, (long long) evicted, t_ms, (long long) folded_total);
 }
@@ -243,13 +253,21 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
     const int64_t n_tok = t->ne[2];
     rowbuf.resize((size_t) ggml_nelements(t));
     ggml_backend_tensor_get(t, rowbuf.data(), 0, ggml_nbytes(t));
-    std::vector<int32_t> pos(cur->pos, cur->pos + n_tok);
-    const size_t np = (size_t) ls.head_dim / 2;
+    const size_t np = (size_t) ls.head_dim / 2, m = np * (size_t) n_tok;
+    if (phase_group != ls.group || phase_tokens != tokens_seen) {
+        // the un-rotation's cos and sin, shared by every head and every layer of the group in this ubatch
+        std::vector<int32_t> pos(cur->pos, cur->pos + n_tok);
+        phases.resize(2 * m);
+        triatt_calib_phases(&ls.rope, pos.data(), (int32_t) n_tok, phases.data(), phases.data() + m);
+        phase_group = ls.group;
+        phase_tokens = tokens_seen;
+    }
     const int32_t group = ls.n_head / ls.n_head_kv;
     for (int32_t h = 0; h < ls.n_head; ++h) {  // GQA: query heads averaged into their KV head
         const int32_t hk = h / group;
-        triatt_calib_add(&ls.rope, rowbuf.data() + (size_t) h * ls.head_dim, (size_t) ls.head_dim * ls.n_head,
-                         pos.data(), (int32_t) n_tok, &ls.sum_re[hk * np], &ls.sum_im[hk * np], &ls.sum_mag[hk * np]);
+        triatt_calib_add_ph(&ls.rope, rowbuf.data() + (size_t) h * ls.head_dim, (size_t) ls.head_dim * ls.n_head,
+                            (int32_t) n_tok, phases.data(), phases.data() + m, &ls.sum_re[hk * np], &ls.sum_im[hk * np],
+                            &ls.sum_mag[hk * np]);
         ls.count[hk] += n_tok;
     }
 }
@@ -309,6 +327,34 @@ void llama_triatt::after_ubatch(llama_memory_i * memory) {
     if (cur != nullptr) {
         forget_written(*cur);
     }
+    const auto w = cur != nullptr ? written_cells(*cur) : decltype(written_cells(*cur)){};
+    newest.assign(w.size(), {});
+    for (size_t st = 0; st < w.size(); ++st) {
+        newest[st] = w[st].second;
+    }
+    if (calibrated && triatt_policy_scored(cfg.hybrid)) {
+        // the previous ubatch's keys were copied behind it: folded now, while the device computes this ubatch; this
+        // ubatch's keys are copied behind it and folded after the next ubatch is launched
+        const int64_t t0 = ggml_time_us();
+        fold_pending();
+        if (cur != nullptr) {
+            for (const auto & [seq, cells] : w) {
+                if (!cells.empty()) {
+                    pending.emplace_back();
+                    gather(seq, cells, 1, pending.back());
+                }
+            }
+            for (auto & [be, ev] : events) {  // one mark per backend, after all of this ubatch's copies
+                const bool used = std::any_of(pending.begin(), pending.end(), [be = be](const gathered & g) {
+                    return std::find(g.backends.begin(), g.backends.end(), be) != g.backends.end();
+                });
+                if (used && ev != nullptr) {
+                    ggml_backend_event_record(ev, be);
+                }
+            }
+        }
+        t_ms += (ggml_time_us() - t0) / 1000.0;
+    }
     for (uint32_t s = 0; s < n_seq_max; ++s) {
         const llama_kv_cells & cells = kv->get_cells((llama_seq_id) s);
         if (cells.seq_pos_get((llama_seq_id) s).size() > (size_t) cfg.budget + (size_t) cfg.divide) {
@@ -321,20 +367,52 @@ void llama_triatt::forget_keys() {
     for (auto & fk : folded) {
         std::fill(fk.pos.begin(), fk.pos.end(), INT32_MIN);
     }
+    for (const auto & g : pending) {
+        await(g, true);  // set 1's slabs may still be written to
+    }
+    pending.clear();
+    newest.clear();
 }
 
-void llama_triatt::forget_written(const llama_ubatch & ubatch) {
-    // a ubatch may write a cell at a position its old record also had (a sequence cut back and decoded again)
+std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> llama_triatt::written_cells(const llama_ubatch & ubatch) const {
+    std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> w;
     for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
         for (int32_t j = 0; j < ubatch.n_seq_id[i]; ++j) {
             const llama_seq_id s = ubatch.seq_id[i][j];
             const uint32_t stream = kv->get_stream(s);
-            if (stream >= folded.size() || folded[stream].pos.empty()) {
-                continue;
+            if (w.size() <= stream) {
+                w.resize(stream + 1, {-1, {}});
             }
+            w[stream].first = s;
             const auto & sp = kv->get_cells(s).seq_pos_get(s);
             for (auto it = sp.lower_bound({ubatch.pos[i], 0}); it != sp.end() && it->first == ubatch.pos[i]; ++it) {
-                folded[stream].pos[it->second] = INT32_MIN;
+                w[stream].second.push_back(it->second);
+            }
+        }
+    }
+    for (auto & [s, cells] : w) {
+        std::sort(cells.begin(), cells.end());
+        cells.erase(std::unique(cells.begin(), cells.end()), cells.end());
+    }
+    return w;
+}
+
+void llama_triatt::forget_written(const llama_ubatch & ubatch) {
+    // a ubatch may write a cell at a position its old record also had (a sequence cut back and decoded again); the
+    // previous ubatch's keys copied from such a cell are stale as well
+    const auto w = written_cells(ubatch);
+    for (uint32_t stream = 0; stream < w.size(); ++stream) {
+        for (uint32_t c : w[stream].second) {
+            if (stream < folded.size() && c < folded[stream].pos.size()) {
+                folded[stream].pos[c] = INT32_MIN;
+            }
+        }
+    }
+    for (auto & g : pending) {
+        const auto & ws = g.stream < w.size() ? w[g.stream].second : std::vector<uint32_t>{};
+        for (size_t j = 0; j < g.cells.size(); ++j) {
+            if (std::binary_search(ws.begin(), ws.end(), g.cells[j])) {
+                g.pos[j] = INT32_MIN;
             }
         }
     }
@@ -375,54 +453,63 @@ uint8_t * llama_triatt::slab(size_t i, size_t bytes, ggml_backend_buffer_type_t 
     return h.data;
 }
 
-void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const std::vector<uint32_t> & cells,
-                              folded_keys & fk) {
-    if (cells.empty()) {
+llama_triatt::folded_keys & llama_triatt::records(uint32_t stream, const llama_kv_cells & kc) {
+    if (folded.size() <= stream) {
+        folded.resize(stream + 1);
+    }
+    folded_keys & fk = folded[stream];
+    if (fk.pos.size() != kc.size()) {
+        fk.pos.assign(kc.size(), INT32_MIN);
+        fk.rec.assign(kc.size() * rec_floats, 0.0f);
+    }
+    return fk;
+}
+
+void llama_triatt::gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t set, gathered & g) {
+    const llama_kv_cells & kc = kv->get_cells(seq);
+    g.seq = seq;
+    g.stream = kv->get_stream(seq);
+    g.cells = std::move(cells);
+    std::sort(g.cells.begin(), g.cells.end());
+    g.pos.resize(g.cells.size());
+    for (size_t j = 0; j < g.cells.size(); ++j) {
+        g.pos[j] = kc.pos_get(g.cells[j]);
+    }
+    g.lr.clear();
+    g.backends.clear();
+    if (g.cells.empty()) {
         return;
     }
-    const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
-    std::vector<uint32_t> sorted = cells;
-    std::sort(sorted.begin(), sorted.end());
     // K rows: in place when the cache is in host memory; from a device, only the ranges that hold these cells
     size_t max_row = 1;
     for (const auto & ls : layers) {
         max_row = std::max(max_row, kv->get_k_storage(ls.il)->nb[1]);
     }
-    const auto runs = cell_ranges(sorted, (uint32_t) std::max<size_t>(1, (64u << 10) / max_row), 16);  // ~64 KiB a copy
-    std::vector<size_t> slab_row(sorted.size());  // row of sorted[j] in a layer's slab
+    const auto runs = cell_ranges(g.cells, (uint32_t) std::max<size_t>(1, (64u << 10) / max_row), 16);  // ~64 KiB a copy
+    g.slab_row.resize(g.cells.size());
     {
         size_t r = 0, row0 = 0;
-        for (size_t j = 0; j < sorted.size(); ++j) {
-            while (sorted[j] >= runs[r].second) {
+        for (size_t j = 0; j < g.cells.size(); ++j) {
+            while (g.cells[j] >= runs[r].second) {
                 row0 += runs[r].second - runs[r].first;
                 ++r;
             }
-            slab_row[j] = row0 + (sorted[j] - runs[r].first);
+            g.slab_row[j] = row0 + (g.cells[j] - runs[r].first);
         }
     }
-    struct layer_rows {
-        const layer_stats * ls;
-        ggml_type type;
-        int64_t n_embd;
-        size_t row_bytes;
-        const uint8_t * host;  // host cache: the stream's rows; else nullptr and the rows are in slabs[slab]
-        size_t slab;
-    };
-    std::vector<layer_rows> lr;
-    std::vector<ggml_backend_t> pending;  // backends with copies queued on their stream
     bool synced = false;
-    size_t n_slabs = 0;
-    for (const auto & ls : layers) {
+    for (size_t li = 0; li < layers.size(); ++li) {
+        const layer_stats & ls = layers[li];
         if (ls.w_re.empty()) {
             continue;  // no queries captured for this layer
         }
         ggml_tensor * k = kv->get_k_storage(ls.il);
-        layer_rows L{&ls, k->type, k->ne[0], k->nb[1], nullptr, 0};
+        gathered::layer_rows L{&ls, k->type, k->ne[0], k->nb[1], nullptr, set * layers.size() + li};
         if (k->buffer != nullptr && ggml_backend_buffer_is_host(k->buffer)) {
-            L.host = (const uint8_t *) k->data + stream * k->nb[2];
+            L.host = (const uint8_t *) k->data + g.stream * k->nb[2];
         } else {
             // the copies go on the stream of the backend that computes with this cache, behind the ubatch that wrote
-            // the keys, and are waited for once; without such a backend, the scheduler is synchronized first
+            // the keys; without such a backend, the scheduler is synchronized first
             ggml_backend_t be = copy_backend(k->buffer);
             if (be == nullptr && !synced && sched != nullptr) {
                 const int64_t t0 = ggml_time_us();
@@ -434,11 +521,10 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
             for (const auto & [lo, hi] : runs) {
                 rows += hi - lo;
             }
-            L.slab = n_slabs++;
             uint8_t * buf = slab(L.slab, rows * L.row_bytes, ggml_backend_buffer_get_type(k->buffer));
             size_t off = 0;
             for (const auto & [lo, hi] : runs) {
-                const size_t src = stream * k->nb[2] + L.row_bytes * lo, bytes = L.row_bytes * (hi - lo);
+                const size_t src = g.stream * k->nb[2] + L.row_bytes * lo, bytes = L.row_bytes * (hi - lo);
                 if (be != nullptr) {
                     ggml_backend_tensor_get_async(be, k, buf + off, src, bytes);
                 } else {
@@ -446,36 +532,65 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
                 }
                 off += bytes;
             }
-            if (be != nullptr && std::find(pending.begin(), pending.end(), be) == pending.end()) {
-                pending.push_back(be);
+            if (be != nullptr && std::find(g.backends.begin(), g.backends.end(), be) == g.backends.end()) {
+                g.backends.push_back(be);
+                if (set == 1 && std::none_of(events.begin(), events.end(), [be](const auto & e) { return e.first == be; })) {
+                    events.emplace_back(be, ggml_backend_event_new(ggml_backend_get_device(be)));  // nullptr: none
+                }
             }
         }
-        lr.push_back(L);
+        g.lr.push_back(L);
     }
-    if (!pending.empty()) {
-        const int64_t t0 = ggml_time_us();
-        for (ggml_backend_t be : pending) {
+}
+
+void llama_triatt::await(const gathered & g, bool by_event) {
+    const int64_t t0 = ggml_time_us();
+    for (ggml_backend_t be : g.backends) {
+        const auto it = std::find_if(events.begin(), events.end(), [be](const auto & e) { return e.first == be; });
+        if (by_event && it != events.end() && it->second != nullptr) {
+            ggml_backend_event_synchronize(it->second);  // not the ubatches queued after the copies
+        } else {
             ggml_backend_synchronize(be);
         }
-        wait_ms += (ggml_time_us() - t0) / 1000.0;
     }
-    // cells [j0, j1) of sorted on one thread: decode, undo upstream's rotation and the key transforms, fold every
-    // layer's KV heads into the cell's record (per pair, in model order whatever the split; c summed in double)
-    auto fold_range = [&](size_t j0, size_t j1) {
-        const size_t m = j1 - j0;
+    wait_ms += (ggml_time_us() - t0) / 1000.0;
+}
+
+void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
+    folded_keys & fk = records(g.stream, kc);
+    // the cells to fold: still holding the position they had when gathered, not folded since
+    std::vector<size_t> todo;
+    for (size_t j = 0; j < g.cells.size(); ++j) {
+        if (g.pos[j] != INT32_MIN && !kc.is_empty(g.cells[j]) && kc.pos_get(g.cells[j]) == g.pos[j] &&
+            fk.pos[g.cells[j]] != g.pos[j]) {
+            todo.push_back(j);
+        }
+    }
+    if (todo.empty()) {
+        return;
+    }
+    folded_total += (int64_t) todo.size();
+    const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
+    // cells todo[t0, t1) on one thread: decode, undo upstream's rotation and the key transforms, fold every layer's
+    // KV heads into the cell's record (per pair, in model order whatever the split; c summed in double)
+    auto fold_range = [&](size_t t0, size_t t1) {
+        const size_t m = t1 - t0;
         std::vector<float> cacc(m * c_pairs, 0.0f);
-        for (size_t j = j0; j < j1; ++j) {
-            std::fill_n(fk.rec.data() + (size_t) sorted[j] * rec_floats, rec_floats, 0.0f);
+        for (size_t t = t0; t < t1; ++t) {
+            std::fill_n(fk.rec.data() + (size_t) g.cells[todo[t]] * rec_floats, rec_floats, 0.0f);
         }
         std::vector<float> keys;
-        for (const auto & L : lr) {
+        for (const auto & L : g.lr) {
             keys.resize(m * L.n_embd);
             const auto * traits = ggml_get_type_traits(L.type);
-            for (size_t j = j0; j < j1; ++j) {
-                const uint8_t * src = L.host ? L.host + L.row_bytes * sorted[j] : slabs[L.slab].data + L.row_bytes * slab_row[j];
-                float * dst = keys.data() + (j - j0) * L.n_embd;
+            for (size_t t = t0; t < t1; ++t) {
+                const size_t j = todo[t];
+                const uint8_t * src = L.host ? L.host + L.row_bytes * g.cells[j] : slabs[L.slab].data + L.row_bytes * g.slab_row[j];
+                float * dst = keys.data() + (t - t0) * L.n_embd;
                 if (L.type == GGML_TYPE_F32) {
                     std::memcpy(dst, src, L.n_embd * sizeof(float));
+                } else if (L.type == GGML_TYPE_F16) {
+                    triatt_f16_to_f32(reinterpret_cast<const uint16_t *>(src), dst, (size_t) L.n_embd);  // F16C
                 } else {
                     traits->to_float(src, dst, L.n_embd);
                 }
@@ -486,7 +601,7 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
             kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);  // scores are computed on the true keys
             const size_t np = (size_t) L.ls->head_dim / 2;
             for (size_t c = 0; c < m; ++c) {
-                float * z = fk.rec.data() + (size_t) sorted[j0 + c] * rec_floats + L.ls->z_off;
+                float * z = fk.rec.data() + (size_t) g.cells[todo[t0 + c]] * rec_floats + L.ls->z_off;
                 for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
                     triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
                                     keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, z, z + np,
@@ -494,16 +609,17 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
                 }
             }
         }
-        for (size_t j = j0; j < j1; ++j) {
+        for (size_t t = t0; t < t1; ++t) {
             double cs = 0.0;
             for (size_t f = 0; f < c_pairs; ++f) {
-                cs += cacc[(j - j0) * c_pairs + f];
+                cs += cacc[(t - t0) * c_pairs + f];
             }
-            fk.rec[(size_t) sorted[j] * rec_floats + rec_floats - 1] = (float) cs;
-            fk.pos[sorted[j]] = kc.pos_get(sorted[j]);
+            const uint32_t cell = g.cells[todo[t]];
+            fk.rec[(size_t) cell * rec_floats + rec_floats - 1] = (float) cs;
+            fk.pos[cell] = g.pos[todo[t]];
         }
     };
-    const size_t n = sorted.size();
+    const size_t n = todo.size();
     const size_t n_thr = std::max<size_t>(1, std::min<size_t>((size_t) n_threads, n / 64));  // >= 64 cells a thread
     std::vector<std::thread> pool;
     for (size_t t = 1; t < n_thr; ++t) {
@@ -513,6 +629,14 @@ void llama_triatt::fold_cells(uint32_t stream, const llama_kv_cells & kc, const 
     for (auto & th : pool) {
         th.join();
     }
+}
+
+void llama_triatt::fold_pending() {
+    for (const auto & g : pending) {
+        await(g, true);
+        fold(g, kv->get_cells(g.seq));
+    }
+    pending.clear();
 }
 
 void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
@@ -535,27 +659,36 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int32_t n = (int32_t) pos.size();
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
-    int32_t n_folded = 0;
-    wait_ms = 0.0;
+    // the cells of the newest ubatch (their keys are folded after the next one): not evicted in this round; those
+    // older than the window are kept on top of the budget where the cache has room for them and another ubatch
+    const uint32_t stream = kv->get_stream(seq);
+    std::vector<uint8_t> fresh((size_t) n, 0);
+    int32_t n_extra = 0;
+    for (int32_t c = 0; stream < newest.size() && c < n; ++c) {
+        fresh[c] = std::binary_search(newest[stream].begin(), newest[stream].end(), idx[c]);
+        n_extra += fresh[c] && (int64_t) pos[c] <= (int64_t) t_now - cfg.window;
+    }
+    if (n_extra > 0 && (int64_t) cells.get_used() - n + cfg.budget + n_extra + n_ubatch > (int64_t) cells.size()) {
+        std::fill(fresh.begin(), fresh.end(), 0);  // no room: this round reads and scores them (waits for them)
+        n_extra = 0;
+    }
+    if (n - n_extra <= cfg.budget + cfg.divide) {
+        return;  // the other cells fit: no round yet
+    }
     if (triatt_policy_scored(cfg.hybrid)) {  // the baselines rank by position alone
-        const uint32_t stream = kv->get_stream(seq);
-        if (folded.size() <= stream) {
-            folded.resize(stream + 1);
-        }
-        folded_keys & fk = folded[stream];
-        if (fk.pos.size() != cells.size()) {
-            fk.pos.assign(cells.size(), INT32_MIN);
-            fk.rec.assign(cells.size() * rec_floats, 0.0f);
-        }
+        folded_keys & fk = records(stream, cells);
         std::vector<uint32_t> stale;
         for (int32_t c = 0; c < n; ++c) {
-            if (fk.pos[idx[c]] != pos[c]) {
+            if (!fresh[c] && fk.pos[idx[c]] != pos[c]) {
                 stale.push_back(idx[c]);
             }
         }
-        fold_cells(stream, cells, stale, fk);
-        n_folded = (int32_t) stale.size();
-        folded_total += n_folded;
+        if (!stale.empty()) {
+            gathered g;
+            gather(seq, std::move(stale), 0, g);
+            await(g, false);
+            fold(g, cells);
+        }
         // the round: each group's phase at t_now turns every folded key's state (np complex multiply-adds a cell)
         std::vector<std::vector<double>> ph(group_rope.size());  // per group: cos, then sin
         for (size_t g = 0; g < group_rope.size(); ++g) {
@@ -564,6 +697,10 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
             triatt_phase(&group_rope[g]->rope, (double) t_now, ph[g].data(), ph[g].data() + np);
         }
         for (int32_t c = 0; c < n; ++c) {
+            if (fresh[c]) {
+                score[c] = -INFINITY;  // kept this round whatever it scores
+                continue;
+            }
             const float * r = fk.rec.data() + (size_t) idx[c] * rec_floats;
             double sc = r[rec_floats - 1];
             for (size_t g = 0; g < group_rope.size(); ++g) {
@@ -574,11 +711,26 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
             score[c] = (float) sc;
         }
     }
-    std::vector<uint8_t> keep((size_t) n);
-    const int32_t kept = triatt_select(&cfg, n, pos.data(), score.data(), keep.data());
-    if (kept < 0) {
+    // the selection runs over the cells but the extra fresh ones (the window is still the newest positions)
+    std::vector<int32_t> spos;
+    std::vector<float> sscore;
+    std::vector<int32_t> sidx;
+    for (int32_t c = 0; c < n; ++c) {
+        if (!(fresh[c] && (int64_t) pos[c] <= (int64_t) t_now - cfg.window)) {
+            spos.push_back(pos[c]);
+            sscore.push_back(score[c]);
+            sidx.push_back(c);
+        }
+    }
+    std::vector<uint8_t> skeep(spos.size());
+    const int32_t kept_sel = triatt_select(&cfg, (int32_t) spos.size(), spos.data(), sscore.data(), skeep.data());
+    if (kept_sel < 0) {
         LLAMA_LOG_ERROR("triatt: selection failed (out of memory)\n");
         return;
+    }
+    std::vector<uint8_t> keep((size_t) n, 1);
+    for (size_t j = 0; j < sidx.size(); ++j) {
+        keep[sidx[j]] = skeep[j];
     }
     // evict runs of consecutive positions with one seq_rm each (positions are ascending)
     const bool iswa = dynamic_cast<llama_kv_cache_iswa *>(memory) != nullptr;
@@ -605,9 +757,12 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     evicted += n_ev;
     const double ms = (ggml_time_us() - t0) / 1000.0;
     t_ms += ms;
+    const int64_t n_folded = folded_total - folded_at_round;
+    folded_at_round = folded_total;
     LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f "
-                   "folded=%d wait_ms=%.1f\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget, triatt_policy_name(cfg.hybrid),
-                   t_now, ms, n_folded, wait_ms);
+                   "folded=%lld wait_ms=%.1f deferred=%d\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget,
+                   triatt_policy_name(cfg.hybrid), t_now, ms, (long long) n_folded, wait_ms, n_extra);
+    wait_ms = 0.0;
 }
 
 // ---- the C API (include/llama.h) -----------------------------------------------------------------------------------

@@ -5,10 +5,18 @@
 //
 // Log format (parsed by llama_tq.harness.common; keep them in step; the policy is V1, V2, V3, StreamingLLM or random):
 //   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
-//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F wait_ms=W
+//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F wait_ms=W deferred=X
 //                           (P: the newest position in the sequence when the round ran; F: the cells whose keys
-//                           were read and folded in this round, the others' folded keys were kept from earlier rounds;
-//                           W: the part of T spent waiting for a device to finish the ubatch and the copies of its keys)
+//                           were read and folded since the previous round, the others' folded keys were kept from
+//                           earlier rounds; W: the time spent since then waiting for a device's copies of keys;
+//                           X: cells of the newest ubatch older than the window, kept in this round on top of the budget)
+//
+// Pipelining: the keys a ubatch writes are copied behind it (a device cache) and folded after the next ubatch is
+// launched, while the device computes it, so a round does not wait for the ubatch that triggered it. A round (every
+// policy) does not evict that ubatch's cells: the window's are kept anyway, the older ones (X, when a ubatch is longer
+// than the window) are kept on top of the budget and compete from the next round on, and a round runs only when the
+// other cells exceed budget + divide. Where the cache has no room for X cells and another ubatch, they compete in this
+// round as well (a scored policy then waits for the device to read their keys).
 //   warn (shown at the default verbosity), when the context ends:
 //                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T folded=F
 #pragma once
@@ -20,6 +28,7 @@
 
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
+#include "llama.h"
 #include "triatt.h"
 
 struct llama_model;
@@ -42,7 +51,8 @@ public:
     void begin_ubatch(const llama_ubatch & ubatch, ggml_backend_sched_t sched, ggml_backend_sched_eval_callback user_cb,
                       void * user_ud);
 
-    // After a ubatch is in the cache: an eviction round for every sequence above budget + divide.
+    // After a ubatch is in the cache: folds the previous ubatch's keys, queues this one's, and runs an eviction round
+    // for every sequence above budget + divide.
     void after_ubatch(llama_memory_i * memory);
 
     // The cache's keys changed outside a ubatch (a K-shift, a copy between streams, a state read): every folded key
@@ -84,9 +94,36 @@ private:
     layer_stats * capture_target(const ggml_tensor * t);
     void capture(layer_stats & ls, const ggml_tensor * t);
     bool finish_calibration();
+    // K rows of some cells of one stream, gathered for folding: read in place from a host cache, or copied from a
+    // device into the slabs of one set (set 0: a round's own reads, waited for at once; set 1: a ubatch's new keys,
+    // copied behind it and folded after the next ubatch was launched, while the device computes it).
+    struct gathered {
+        struct layer_rows {
+            const layer_stats * ls;
+            ggml_type type;
+            int64_t n_embd;
+            size_t row_bytes;
+            const uint8_t * host;  // host cache: the stream's rows; else nullptr and the rows are in slabs[slab]
+            size_t slab;
+        };
+        llama_seq_id seq = 0;  // a sequence of the stream (for its cells)
+        uint32_t stream = 0;
+        std::vector<uint32_t> cells;    // sorted
+        std::vector<int32_t> pos;       // the position each cell held when gathered; INT32_MIN: rewritten since
+        std::vector<size_t> slab_row;   // row of cells[j] in a layer's slab
+        std::vector<layer_rows> lr;
+        std::vector<ggml_backend_t> backends;  // backends with copies queued
+    };
+
     void evict_seq(int32_t seq, llama_memory_i * memory);
     void forget_written(const llama_ubatch & ubatch);
-    void fold_cells(uint32_t stream, const llama_kv_cells & kc, const std::vector<uint32_t> & cells, folded_keys & fk);
+    // the cells a ubatch wrote, per stream: a sequence of the stream (-1: none) and the cells, sorted
+    std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> written_cells(const llama_ubatch & ubatch) const;
+    void gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t set, gathered & g);
+    void await(const gathered & g, bool by_event);  // the copies of g are done (by_event: set 1's events)
+    void fold(const gathered & g, const llama_kv_cells & kc);
+    folded_keys & records(uint32_t stream, const llama_kv_cells & kc);
+    void fold_pending();  // the previous ubatch's keys (set 1), if any
 
     const llama_model & model;
     llama_kv_cache * kv;  // the full-attention cache (the base cache of a sliding-window hybrid)
@@ -107,8 +144,9 @@ private:
     int32_t rounds = 0;
     int64_t evicted = 0;
     int64_t folded_total = 0;  // keys read and folded (a key is folded again only after its cell changed)
-    double t_ms = 0.0;     // time spent in eviction rounds
-    double wait_ms = 0.0;  // this round's wait for the device (in t_ms)
+    int64_t folded_at_round = 0;  // folded_total at the last round
+    double t_ms = 0.0;     // time spent in rounds and in the folds between them
+    double wait_ms = 0.0;  // waits for a device since the last round (in t_ms)
     ggml_backend_sched_t sched = nullptr;    // the ubatch's scheduler: its backends copy K rows behind the ubatch
     std::vector<const layer_stats *> group_rope;  // per group: a layer whose angles the group shares
     size_t rec_floats = 0;  // per cell: head_dim floats a group, then c
@@ -120,8 +158,15 @@ private:
         uint8_t * data = nullptr;
         size_t size = 0;
     };
-    std::vector<host_slab> slabs;
+    std::vector<host_slab> slabs;  // [set * layers.size() + layer]
     uint8_t * slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft);
+    std::vector<gathered> pending;  // set 1: the newest ubatch's keys, per stream, folded after the next ubatch
+    std::vector<std::vector<uint32_t>> newest;  // per stream: the cells the newest ubatch wrote, sorted
+    std::vector<std::pair<ggml_backend_t, ggml_backend_event_t>> events;  // set 1's copies done, per backend
+    uint32_t n_ubatch = 0;
     ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
     std::vector<float> rowbuf;
+    std::vector<double> phases;  // calibration: cos, then sin of the ubatch's positions for one group's angles
+    int32_t phase_group = -1;
+    int64_t phase_tokens = -1;   // tokens_seen when they were made (one ubatch)
 };
