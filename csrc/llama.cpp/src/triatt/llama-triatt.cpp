@@ -190,9 +190,7 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
 }
 
 llama_triatt::~llama_triatt() {
-    for (const auto & g : pending) {
-        await(g, true);  // copies still queued into the slabs
-    }
+    // the context's backends are gone by now (freeing the pinned slabs waits for copies still queued into them)
     for (auto & [be, ev] : events) {
         if (ev != nullptr) {
             ggml_backend_event_free(ev);
