@@ -20,7 +20,9 @@ from llama_tq.models import default_model
 pytestmark = pytest.mark.e2e
 
 BUDGET, DIVIDE = 256, 128  # a round starts above budget + divide cells (triatt.h)
-EVICT = re.compile(r"triatt: evict: evicted (\d+)/(\d+) cells round=\d+ seq=(\d+) kept=(\d+) budget=(\d+) .*? deferred=(\d+)")
+EVICT = re.compile(
+    r"triatt: evict: evicted (\d+)/(\d+) cells round=\d+ seq=(\d+) kept=(\d+) budget=(\d+) .*? deferred=(\d+)"
+)
 # prompt lengths in words: ~130 tokens (never evicted) up to ~920 (several rounds); the slot context is 1024
 WORDS = (100, 400, 600, 700)
 TEXT = " ".join(

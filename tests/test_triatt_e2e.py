@@ -49,11 +49,12 @@ def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
     proc = perplexity(text, "-ctk", kv[0], "-ctv", kv[1], "--triatt-budget", "768", "--triatt-warmup", "256")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
-    rounds = re.findall(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=\d+ seq=0 kept=(\d+) budget=768 "
-                        r"policy=V3 pos=\d+ t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+ deferred=(\d+)$", log, re.M)  # fmt: skip
+    line = (r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=\d+ seq=0 kept=(\d+) budget=768 policy=V3 pos=\d+ "
+            r"t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+ deferred=(\d+)$")  # fmt: skip
+    rounds = re.findall(line, log, re.M)
     ev, n, kept, folded, deferred = ([int(r[i]) for r in rounds] for i in range(5))
     assert n == [1536, 1664] * 3, log[-3000:]  # the 2nd round is after the last ubatch
-    assert deferred == [384] * 6 and kept == [768 + 384] * 6 and ev == [a - b for a, b in zip(n, kept)]
+    assert deferred == [384] * 6 and kept == [768 + 384] * 6 and ev == [a - b for a, b in zip(n, kept, strict=True)]
     # each key is read once: a chunk's first round reads the 1024 cells before the newest ubatch (the chunk started
     # on an empty cache), each later round the 512 written by the ubatch before
     assert folded == [1024, 512] * 3, log[-3000:]
