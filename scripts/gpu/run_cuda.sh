@@ -13,7 +13,8 @@
 #   evict  TriAttention eviction on the GPU and on the CPU (-ngl 99 / 0): a head-128 synthetic model with a byte
 #          vocabulary, -c 2048 -b 512 -ub 128, V3 / StreamingLLM at 50 %: rounds, cells evicted, PPL, wall time; then
 #          the overhead stage
-#   overhead  V3 eviction against none, interleaved, GPU and CPU, two protocols (EV_PROTOS, EV_NGL, EV_REPS, EV_TAG)
+#   overhead  V3 eviction against none, interleaved, GPU and CPU, two protocols (EV_PROTOS, EV_NGL, EV_REPS, EV_TAG,
+#          EV_KV: cache-type flags, default f16)
 #   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
@@ -233,8 +234,9 @@ stage_overhead() {
                     log="$RES/${EV_TAG:-}ov_${proto}_ngl${ngl}_${pol}_$rep.log"
                     local e=()
                     [ "$pol" != none ] && e=("${ev[@]}" --triatt-hybrid "$pol")
+                    # shellcheck disable=SC2086  # EV_KV: "-ctk T -ctv T" or nothing (f16)
                     "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" "${args[@]}" -fa on -lv 4 -ngl "$ngl" \
-                        -t "$(nproc)" "${e[@]}" > "$log" 2>&1 || rc=1
+                        -t "$(nproc)" ${EV_KV:-} "${e[@]}" > "$log" 2>&1 || rc=1
                     printf 'overhead %-8s ngl %-2s rep %s policy %-4s %s %s\n' "$proto" "$ngl" "$rep" "$pol" \
                         "$(grep -o 'total time = *[0-9.]* ms' "$log")" "$(grep -o 'summary: .*' "$log")" | tee -a "$sum"
                 done
