@@ -39,25 +39,22 @@ def final_ppl(log: str) -> float:
 
 @pytest.mark.parametrize("kv", [("f16", "f16"), ("tq3", "tq3"), ("q8_0", "tq3")])
 def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
-    """-c 2048 in ubatches of 512, budget 768: a round never evicts the ubatch that triggered it (its keys are read
-    while the next one computes), and keeps its 384 cells older than the 128-cell window on top of the budget. So
-    after the 3rd and 4th ubatch of each chunk the cache (1536, then 1664 cells) goes back to 768 + 384, and the
-    scored 2nd half of every chunk sees evicted caches; V3 keeps PPL within 5% of the same cache without eviction."""
+    """-c 2048 in ubatches of 512, budget 768: after the 2nd and 3rd ubatch of each chunk the cache (1024, then 1280
+    cells) is above 768 + 128 and goes back to 768, so the scored 2nd half of every chunk sees evicted caches; V3
+    keeps PPL within 5% of the same cache without eviction."""
     base = perplexity(text, "-ctk", kv[0], "-ctv", kv[1])
     assert base.returncode == 0 and "triatt: evict:" not in base.stderr
     baseline = final_ppl(base.stdout + base.stderr)
     proc = perplexity(text, "-ctk", kv[0], "-ctv", kv[1], "--triatt-budget", "768", "--triatt-warmup", "256")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
-    line = (r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=\d+ seq=0 kept=(\d+) budget=768 policy=V3 pos=\d+ "
-            r"t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+ deferred=(\d+)$")  # fmt: skip
-    rounds = re.findall(line, log, re.M)
-    ev, n, kept, folded, deferred = ([int(r[i]) for r in rounds] for i in range(5))
-    assert n == [1536, 1664] * 3, log[-3000:]  # the 2nd round is after the last ubatch
-    assert deferred == [384] * 6 and kept == [768 + 384] * 6 and ev == [a - b for a, b in zip(n, kept, strict=True)]
-    # each key is read once: a chunk's first round reads the 1024 cells before the newest ubatch (the chunk started
-    # on an empty cache), each later round the 512 written by the ubatch before
-    assert folded == [1024, 512] * 3, log[-3000:]
+    rounds = re.findall(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=(\d+) seq=0 kept=768 budget=768 "
+                        r"policy=V3 pos=\d+ t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+$", log, re.M)  # fmt: skip
+    assert [int(n) for _, n, _, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]  # the 3rd is after the last ubatch
+    assert all(int(ev) == int(n) - 768 for ev, n, _, _ in rounds)
+    # each key is read once: a chunk's first round reads all 1024 (the chunk started on an empty cache), later rounds
+    # only the 512 written since
+    assert [int(f) for _, _, _, f in rounds] == [1024, 512, 512] * 3, log[-3000:]
     assert "calibrated on" in log and "query capture removed" in log
     ppl = final_ppl(log)
     assert ppl != baseline and baseline < ppl * 1.02 and ppl < baseline * 1.05, (baseline, ppl)
@@ -73,7 +70,7 @@ def test_default_verbosity_shows_a_summary(text: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "triatt: evict:" not in proc.stderr  # the per-round lines stay at -lv 4
     (m,) = re.findall(r"triatt: summary: policy=V3 budget=768 rounds=(\d+) evicted=(\d+) t_ms=[0-9.]+", proc.stderr)
-    assert int(m[0]) == 6 and int(m[1]) == 3 * (384 + 512)
+    assert int(m[0]) == 9 and int(m[1]) == 3 * (256 + 512 + 512)
 
 
 def test_env_fallback_and_flag_wins(text: Path) -> None:
@@ -105,10 +102,10 @@ def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     assert f"triatt: {name} eviction on: budget 768" in log
-    rounds = re.findall(rf"triatt: evict: evicted \d+/(\d+) cells round=\d+ seq=0 kept=1152 budget=768 policy={name} "
+    rounds = re.findall(rf"triatt: evict: evicted \d+/(\d+) cells round=\d+ seq=0 kept=768 budget=768 policy={name} "
                         r"pos=(\d+)", log)  # fmt: skip
-    assert [int(n) for n, _ in rounds] == [1536, 1664] * 3, log[-3000:]
-    assert [int(p) for _, p in rounds] == [1535, 2047] * 3
+    assert [int(n) for n, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]
+    assert [int(p) for _, p in rounds] == [1023, 1535, 2047] * 3
     assert final_ppl(log) < 100.0
 
 
@@ -141,6 +138,6 @@ def test_each_sequence_gets_its_own_budget(text: Path) -> None:
     proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "n_seq=2" in log, log[-3000:]
-    seqs = re.findall(r"triatt: evict: evicted \d+/\d+ cells round=\d+ seq=(\d) kept=\d+ budget=600", log)
+    seqs = re.findall(r"triatt: evict: evicted \d+/\d+ cells round=\d+ seq=(\d) kept=600 budget=600", log)
     assert {"0", "1"} <= set(seqs), log[-3000:]
     final_ppl(log)

@@ -129,8 +129,7 @@ std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, co
 
 llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv,
                            uint32_t n_seq_max, const triatt_config & cfg)
-    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)), cfg(cfg),
-      n_ubatch(cparams.n_ubatch) {
+    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)), cfg(cfg) {
     const auto & hp = model.hparams;
     layer_slot.assign(hp.n_layer(), -1);
     std::vector<uint32_t> ids = kv->get_layer_ids();
@@ -657,21 +656,18 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int32_t n = (int32_t) pos.size();
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
-    // the cells of the newest ubatch (their keys are folded after the next one): not evicted in this round; those
-    // older than the window are kept on top of the budget where the cache has room for them and another ubatch
+    // the cells of the newest ubatch (their keys are folded after the next one) when all of them are inside the
+    // window, which keeps them anyway: not scored in this round, so it does not wait for the device. A ubatch longer
+    // than the window competes in this round as before: its keys are read now (waiting for the device).
     const uint32_t stream = kv->get_stream(seq);
     std::vector<uint8_t> fresh((size_t) n, 0);
-    int32_t n_extra = 0;
-    for (int32_t c = 0; stream < newest.size() && c < n; ++c) {
+    bool defer = triatt_policy_scored(cfg.hybrid) && stream < newest.size();
+    for (int32_t c = 0; defer && c < n; ++c) {
         fresh[c] = std::binary_search(newest[stream].begin(), newest[stream].end(), idx[c]);
-        n_extra += fresh[c] && (int64_t) pos[c] <= (int64_t) t_now - cfg.window;
+        defer = !fresh[c] || (int64_t) pos[c] > (int64_t) t_now - cfg.window;
     }
-    if (n_extra > 0 && (int64_t) cells.get_used() - n + cfg.budget + n_extra + n_ubatch > (int64_t) cells.size()) {
-        std::fill(fresh.begin(), fresh.end(), 0);  // no room: this round reads and scores them (waits for them)
-        n_extra = 0;
-    }
-    if (n - n_extra <= cfg.budget + cfg.divide) {
-        return;  // the other cells fit: no round yet
+    if (!defer) {
+        std::fill(fresh.begin(), fresh.end(), 0);
     }
     if (triatt_policy_scored(cfg.hybrid)) {  // the baselines rank by position alone
         folded_keys & fk = records(stream, cells);
@@ -709,26 +705,11 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
             score[c] = (float) sc;
         }
     }
-    // the selection runs over the cells but the extra fresh ones (the window is still the newest positions)
-    std::vector<int32_t> spos;
-    std::vector<float> sscore;
-    std::vector<int32_t> sidx;
-    for (int32_t c = 0; c < n; ++c) {
-        if (!(fresh[c] && (int64_t) pos[c] <= (int64_t) t_now - cfg.window)) {
-            spos.push_back(pos[c]);
-            sscore.push_back(score[c]);
-            sidx.push_back(c);
-        }
-    }
-    std::vector<uint8_t> skeep(spos.size());
-    const int32_t kept_sel = triatt_select(&cfg, (int32_t) spos.size(), spos.data(), sscore.data(), skeep.data());
-    if (kept_sel < 0) {
+    std::vector<uint8_t> keep((size_t) n);
+    const int32_t kept = triatt_select(&cfg, n, pos.data(), score.data(), keep.data());
+    if (kept < 0) {
         LLAMA_LOG_ERROR("triatt: selection failed (out of memory)\n");
         return;
-    }
-    std::vector<uint8_t> keep((size_t) n, 1);
-    for (size_t j = 0; j < sidx.size(); ++j) {
-        keep[sidx[j]] = skeep[j];
     }
     // evict runs of consecutive positions with one seq_rm each (positions are ascending)
     const bool iswa = dynamic_cast<llama_kv_cache_iswa *>(memory) != nullptr;
@@ -758,8 +739,8 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int64_t n_folded = folded_total - folded_at_round;
     folded_at_round = folded_total;
     LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f "
-                   "folded=%lld wait_ms=%.1f deferred=%d\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget,
-                   triatt_policy_name(cfg.hybrid), t_now, ms, (long long) n_folded, wait_ms, n_extra);
+                   "folded=%lld wait_ms=%.1f\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget,
+                   triatt_policy_name(cfg.hybrid), t_now, ms, (long long) n_folded, wait_ms);
     wait_ms = 0.0;
 }
 

@@ -5,18 +5,16 @@
 //
 // Log format (parsed by llama_tq.harness.common; keep them in step; the policy is V1, V2, V3, StreamingLLM or random):
 //   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
-//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F wait_ms=W deferred=X
+//   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F wait_ms=W
 //                           (P: the newest position in the sequence when the round ran; F: the cells whose keys
 //                           were read and folded since the previous round, the others' folded keys were kept from
-//                           earlier rounds; W: the time spent since then waiting for a device's copies of keys;
-//                           X: cells of the newest ubatch older than the window, kept in this round on top of the budget)
+//                           earlier rounds; W: the time spent since then waiting for a device's copies of keys)
 //
 // Pipelining: the keys a ubatch writes are copied behind it (a device cache) and folded after the next ubatch is
-// launched, while the device computes it, so a round does not wait for the ubatch that triggered it. A round (every
-// policy) does not evict that ubatch's cells: the window's are kept anyway, the older ones (X, when a ubatch is longer
-// than the window) are kept on top of the budget and compete from the next round on, and a round runs only when the
-// other cells exceed budget + divide. Where the cache has no room for X cells and another ubatch, they compete in this
-// round as well (a scored policy then waits for the device to read their keys).
+// launched, while the device computes it. A round after a ubatch no longer than the window (decoding; prefill in
+// short ubatches) does not need that ubatch's keys, since the window keeps its cells anyway, so it does not wait for
+// the device; after a longer ubatch the round reads its keys at once (waiting for the device), so that every cell
+// competes as soon as it is cached, on the CPU and the GPU alike.
 //   warn (shown at the default verbosity), when the context ends:
 //                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T folded=F
 #pragma once
@@ -163,7 +161,6 @@ private:
     std::vector<gathered> pending;  // set 1: the newest ubatch's keys, per stream, folded after the next ubatch
     std::vector<std::vector<uint32_t>> newest;  // per stream: the cells the newest ubatch wrote, sorted
     std::vector<std::pair<ggml_backend_t, ggml_backend_event_t>> events;  // set 1's copies done, per backend
-    uint32_t n_ubatch = 0;
     ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
     std::vector<float> rowbuf;
     std::vector<double> phases;  // calibration: cos, then sin of the ubatch's positions for one group's angles
