@@ -321,21 +321,15 @@ void llama_triatt::after_ubatch(llama_memory_i * memory) {
     if (cfg.budget == 0) {
         return;
     }
-    if (cur != nullptr) {
-        forget_written(*cur);
-    }
-    const auto w = cur != nullptr ? written_cells(*cur) : decltype(written_cells(*cur)){};
-    newest.assign(w.size(), {});
-    for (size_t st = 0; st < w.size(); ++st) {
-        newest[st] = w[st].second;
-    }
+    newest = cur != nullptr ? written_cells(*cur) : decltype(newest){};
+    forget_written();
     if (calibrated && triatt_policy_scored(cfg.hybrid)) {
         // the previous ubatch's keys were copied behind it: folded now, while the device computes this ubatch; this
         // ubatch's keys are copied behind it and folded after the next ubatch is launched
         const int64_t t0 = ggml_time_us();
         fold_pending();
         if (cur != nullptr) {
-            for (const auto & [seq, cells] : w) {
+            for (const auto & [seq, cells] : newest) {
                 if (!cells.empty()) {
                     pending.emplace_back();
                     gather(seq, cells, 1, pending.back());
@@ -394,10 +388,10 @@ std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> llama_triatt::writte
     return w;
 }
 
-void llama_triatt::forget_written(const llama_ubatch & ubatch) {
+void llama_triatt::forget_written() {
     // a ubatch may write a cell at a position its old record also had (a sequence cut back and decoded again); the
     // previous ubatch's keys copied from such a cell are stale as well
-    const auto w = written_cells(ubatch);
+    const auto & w = newest;
     for (uint32_t stream = 0; stream < w.size(); ++stream) {
         for (uint32_t c : w[stream].second) {
             if (stream < folded.size() && c < folded[stream].pos.size()) {
@@ -656,20 +650,21 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     const int32_t n = (int32_t) pos.size();
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
-    // the cells of the newest ubatch (their keys are folded after the next one) when all of them are inside the
-    // window, which keeps them anyway: not scored in this round, so it does not wait for the device. A ubatch longer
-    // than the window competes in this round as before: its keys are read now (waiting for the device).
-    const uint32_t stream = kv->get_stream(seq);
-    std::vector<uint8_t> fresh((size_t) n, 0);
-    bool defer = triatt_policy_scored(cfg.hybrid) && stream < newest.size();
-    for (int32_t c = 0; defer && c < n; ++c) {
-        fresh[c] = std::binary_search(newest[stream].begin(), newest[stream].end(), idx[c]);
-        defer = !fresh[c] || (int64_t) pos[c] > (int64_t) t_now - cfg.window;
-    }
-    if (!defer) {
-        std::fill(fresh.begin(), fresh.end(), 0);
-    }
     if (triatt_policy_scored(cfg.hybrid)) {  // the baselines rank by position alone
+        // the cells of the newest ubatch (their keys are folded after the next one) when all of them are inside the
+        // window, which keeps them anyway: not scored in this round, so it does not wait for the device. A ubatch
+        // longer than the window competes in this round as before: its keys are read now (waiting for the device).
+        const uint32_t stream = kv->get_stream(seq);
+        std::vector<uint8_t> fresh((size_t) n, 0);
+        bool defer = stream < newest.size();
+        for (int32_t c = 0; defer && c < n; ++c) {
+            const auto & nw = newest[stream].second;
+            fresh[c] = std::binary_search(nw.begin(), nw.end(), idx[c]);
+            defer = !fresh[c] || (int64_t) pos[c] > (int64_t) t_now - cfg.window;
+        }
+        if (!defer) {
+            std::fill(fresh.begin(), fresh.end(), 0);
+        }
         folded_keys & fk = records(stream, cells);
         std::vector<uint32_t> stale;
         for (int32_t c = 0; c < n; ++c) {

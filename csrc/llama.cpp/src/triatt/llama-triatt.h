@@ -114,7 +114,7 @@ private:
     };
 
     void evict_seq(int32_t seq, llama_memory_i * memory);
-    void forget_written(const llama_ubatch & ubatch);
+    void forget_written();  // the records (and previous ubatch's copies) of the cells in newest
     // the cells a ubatch wrote, per stream: a sequence of the stream (-1: none) and the cells, sorted
     std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> written_cells(const llama_ubatch & ubatch) const;
     void gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t set, gathered & g);
@@ -159,7 +159,7 @@ private:
     std::vector<host_slab> slabs;  // [set * layers.size() + layer]
     uint8_t * slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft);
     std::vector<gathered> pending;  // set 1: the newest ubatch's keys, per stream, folded after the next ubatch
-    std::vector<std::vector<uint32_t>> newest;  // per stream: the cells the newest ubatch wrote, sorted
+    std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> newest;  // written_cells of the newest ubatch
     std::vector<std::pair<ggml_backend_t, ggml_backend_event_t>> events;  // set 1's copies done, per backend
     ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
     std::vector<float> rowbuf;
