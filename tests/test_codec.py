@@ -117,6 +117,35 @@ def test_matches_numpy_reference(kind: str) -> None:
     )
 
 
+def _dequantize_in_c_float_order(blocks: np.ndarray, kind: str) -> np.ndarray:
+    """The codec's dequantization in float32, operation by operation as the C reference defines it: c' = m * c[idx],
+    the Walsh-Hadamard butterflies stage by stage, then * (1/sqrt(n) * sign), then * scale."""
+    bits, n = KINDS[kind], BLOCKS[kind]
+    scale, sub, idx = ref.unpack(blocks, bits, n)
+    m = np.asarray(_codec.subscales(), np.float32)[np.repeat(sub, n // 4, axis=1)]  # the C tables' floats
+    x = m * np.asarray(_codec.codebook(kind), np.float32)[idx]
+    h = 1
+    while h < n:
+        v = x.reshape(len(x), n // (2 * h), 2, h)
+        x = np.stack((v[:, :, 0] + v[:, :, 1], v[:, :, 0] - v[:, :, 1]), axis=2).reshape(len(x), n)
+        h *= 2
+    w = np.float32(1.0 / np.sqrt(n)) * np.asarray(_codec.signs(n), np.float32)
+    return (x * w) * scale.astype(np.float32).reshape(-1, 1)  # a bf16 value: exact in float32
+
+
+@pytest.mark.parametrize("kind", ["tq3", "tq4", "tq3_64", "tq4_64"])
+def test_dequantize_is_bit_exact_to_the_reference_order(kind: str) -> None:
+    # the fast paths (fixed n, registers for the first stages, signs as bit flips) must not change a single bit
+    x = np.random.default_rng(5).standard_normal((3000, BLOCKS[kind])).astype(np.float32) * 5.0
+    x[7] = 0.0
+    x[8, 3] = 3e38
+    blocks = _codec.quantize(x, kind)
+    got = _codec.dequantize(blocks, kind)
+    want = _dequantize_in_c_float_order(blocks, kind)
+    assert got.dtype == np.float32 and want.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_golden_vectors(kind: str) -> None:
     g = np.load(GOLDEN)

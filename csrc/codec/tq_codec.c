@@ -7,8 +7,14 @@
 
 #include "tq_codebooks.h"
 
-const uint32_t TQ_SIGNS[4] = {0x76bcc29au, 0xec660926u, 0xfdbbf446u, 0x70d451fcu};
-const uint32_t TQ_SIGNS_64[2] = {0x31de3918u, 0x1ab9667fu};
+#define TQ_S128_0 0x76bcc29au
+#define TQ_S128_1 0xec660926u
+#define TQ_S128_2 0xfdbbf446u
+#define TQ_S128_3 0x70d451fcu
+#define TQ_S64_0 0x31de3918u
+#define TQ_S64_1 0x1ab9667fu
+const uint32_t TQ_SIGNS[4] = {TQ_S128_0, TQ_S128_1, TQ_S128_2, TQ_S128_3};
+const uint32_t TQ_SIGNS_64[2] = {TQ_S64_0, TQ_S64_1};
 const uint32_t TQ_SIGNS_96[3] = {0xee925594u, 0x732130adu, 0xd04c4e8bu};
 
 /* One block format: 128-value blocks (TQ3/TQ4), 64-value blocks (TQ3_64/TQ4_64) or 96-value blocks
@@ -384,7 +390,101 @@ static void tq_block_rotated(const tq_fmt *f, const uint8_t *block, float *c) {
     }
 }
 
+/* The sign bits of TQ_SIGNS / TQ_SIGNS_64 as float sign masks (bit 31), for the fast dequantization below. */
+#define TQ_SB(w, j) ((((w) >> (j)) & 1u) << 31)
+#define TQ_SB4(w, j) TQ_SB(w, j), TQ_SB(w, j + 1), TQ_SB(w, j + 2), TQ_SB(w, j + 3)
+#define TQ_SB32(w)                                                                                                   \
+    TQ_SB4(w, 0), TQ_SB4(w, 4), TQ_SB4(w, 8), TQ_SB4(w, 12), TQ_SB4(w, 16), TQ_SB4(w, 20), TQ_SB4(w, 24), TQ_SB4(w, 28)
+static const uint32_t TQ_SIGNMASK_128[128] = {TQ_SB32(TQ_S128_0), TQ_SB32(TQ_S128_1), TQ_SB32(TQ_S128_2),
+                                              TQ_SB32(TQ_S128_3)};
+static const uint32_t TQ_SIGNMASK_64[64] = {TQ_SB32(TQ_S64_0), TQ_SB32(TQ_S64_1)};
+
+/* Stages h = 1, 2, 4 of tq_fwht on 8 values, in registers (the pairs of a stage are independent, so computing them
+ * in another order gives the same floats). */
+static inline void tq_fwht8(float *v) {
+    const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+    const float a4 = v[4] + v[5], a5 = v[4] - v[5], a6 = v[6] + v[7], a7 = v[6] - v[7];
+    const float b0 = a0 + a2, b2 = a0 - a2, b1 = a1 + a3, b3 = a1 - a3;
+    const float b4 = a4 + a6, b6 = a4 - a6, b5 = a5 + a7, b7 = a5 - a7;
+    v[0] = b0 + b4;
+    v[4] = b0 - b4;
+    v[1] = b1 + b5;
+    v[5] = b1 - b5;
+    v[2] = b2 + b6;
+    v[6] = b2 - b6;
+    v[3] = b3 + b7;
+    v[7] = b3 - b7;
+}
+
+/* tq_dequantize_fmt for one Walsh-Hadamard transform of n = 64 or 128 values (n a constant after inlining): the
+ * reference's float operations on the same values, so bit-identical, in loops a compiler unrolls and vectorizes
+ * (decoding keys for TriAttention's scores and ggml's to_float run it for every cached block). c'_i = m * c[idx] from
+ * a per-sub-block table; x * (norm * -1) = -(x * norm) exactly, so the signs are applied as bit flips. */
+static inline void tq_dequantize_wht(const tq_fmt *f, const uint8_t *block, float *x, const int n,
+                                     const uint32_t *signmask) {
+    const float s = tq_load_scale(block);
+    const unsigned subs = tq_load_subs(block);
+    const uint8_t *q = block + TQ_HEADER_BYTES;
+    const int len = n / 4;
+    float mc[4][16];
+    for (int k = 0; k < 4; ++k) {
+        const float m = TQ_SUBSCALE[(subs >> (4 * k)) & 15u];
+        for (int c = 0; c < tq_levels(f->bits); ++c) {
+            mc[k][c] = m * f->cent[c];
+        }
+    }
+    if (f->bits == 3) {
+        for (int g = 0; g < n / 8; ++g) {
+            const uint32_t w = (uint32_t)q[3 * g] | ((uint32_t)q[3 * g + 1] << 8) | ((uint32_t)q[3 * g + 2] << 16);
+            const float *t = mc[(8 * g) / len];
+            for (int j = 0; j < 8; ++j) {
+                x[8 * g + j] = t[(w >> (3 * j)) & 7u];
+            }
+        }
+    } else {
+        for (int k = 0; k < 2; ++k) { /* byte j: index j (sub-block k) and index j + n/2 (sub-block k + 2) */
+            for (int j = k * len; j < (k + 1) * len; ++j) {
+                x[j] = mc[k][q[j] & 15u];
+                x[j + 2 * len] = mc[k + 2][q[j] >> 4];
+            }
+        }
+    }
+    for (int i = 0; i < n; i += 8) {
+        tq_fwht8(x + i);
+    }
+    for (int h = 8; h < n; h <<= 1) {
+        for (int i = 0; i < n; i += h << 1) {
+            for (int j = i; j < i + h; ++j) {
+                const float a = x[j];
+                const float b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+    }
+    uint32_t u[TQ_BLOCK];
+    for (int i = 0; i < n; ++i) {
+        x[i] *= f->wht_norm;
+    }
+    memcpy(u, x, (size_t)n * sizeof(float));
+    for (int i = 0; i < n; ++i) {
+        u[i] ^= signmask[i];
+    }
+    memcpy(x, u, (size_t)n * sizeof(float));
+    for (int i = 0; i < n; ++i) {
+        x[i] *= s;
+    }
+}
+
 static void tq_dequantize_fmt(const tq_fmt *f, const void *block, float *x) {
+    if (f->n == TQ_BLOCK && f->wht_n == TQ_BLOCK) {
+        tq_dequantize_wht(f, (const uint8_t *)block, x, TQ_BLOCK, TQ_SIGNMASK_128);
+        return;
+    }
+    if (f->n == TQ_BLOCK_64 && f->wht_n == TQ_BLOCK_64) {
+        tq_dequantize_wht(f, (const uint8_t *)block, x, TQ_BLOCK_64, TQ_SIGNMASK_64);
+        return;
+    }
     const float s = tq_load_scale((const uint8_t *)block);
     tq_block_rotated(f, (const uint8_t *)block, x);
     tq_unrotate_fmt(f, x, x);

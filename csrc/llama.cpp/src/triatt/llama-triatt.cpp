@@ -611,7 +611,9 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
         }
     };
     const size_t n = todo.size();
-    const size_t n_thr = std::max<size_t>(1, std::min<size_t>((size_t) n_threads, n / 64));  // >= 64 cells a thread
+    // >= 64 cells a thread for f16/f32 keys; a quantized key costs ~4x more to decode, so 16 are worth a thread
+    const bool quantized = std::any_of(g.lr.begin(), g.lr.end(), [](const auto & L) { return ggml_is_quantized(L.type); });
+    const size_t n_thr = std::max<size_t>(1, std::min<size_t>((size_t) n_threads, n / (quantized ? 16 : 64)));
     std::vector<std::thread> pool;
     for (size_t t = 1; t < n_thr; ++t) {
         pool.emplace_back(fold_range, n * t / n_thr, n * (t + 1) / n_thr);
