@@ -329,7 +329,16 @@ void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
     const layer & L = *lp;
     std::vector<float> mu((size_t) L.n, 0.0f);
     if (center) {
-        ggml_backend_tensor_get(L.t, mu.data(), 0, mu.size() * sizeof(float));
+        std::lock_guard<std::mutex> lock(mu_host_mutex);
+        const auto it = mu_host.find(il);
+        if (it != mu_host.end()) {
+            mu = it->second;
+        } else {
+            ggml_backend_tensor_get(L.t, mu.data(), 0, mu.size() * sizeof(float));
+            if (mu_ready) {
+                mu_host.emplace(il, mu);
+            }
+        }
     }
     for (int64_t r = 0; r < n_rows; ++r) {
         float * x = rows + r * L.n;
@@ -385,6 +394,7 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
     for (const auto & [il, L] : layers) {
         ggml_backend_tensor_set(L.t, mus[i++].data(), 0, (size_t) L.n * sizeof(float));
     }
+    drop_mu_host();
     mu_ready = mu_ready || (flags & 4u) != 0;
     return true;
 }

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <vector>
 
 struct llama_model;
@@ -57,7 +58,10 @@ public:
     bool equalizes() const { return equalize; }
 
     // The cache became empty: the next ubatch sets a new mu.
-    void reset() { mu_ready = false; }
+    void reset() {
+        mu_ready = false;
+        drop_mu_host();
+    }
 
     // Graph: q' = q / s, k' = (k - mu) * s for layer il (before upstream's rotation). center = false where a shift of
     // the logits is not exact (sinks, soft-capping). Adds a graph input that keeps a graph that sets mu from being
@@ -76,7 +80,10 @@ public:
     void state_write(llama_io_write_i & io) const;
     bool state_read(llama_io_read_i & io, bool cache_has_other_keys);
 
-    void set_mu_ready() const { mu_ready = true; }
+    void set_mu_ready() const {
+        mu_ready = true;
+        drop_mu_host();  // the graph being computed writes the new mu
+    }
     bool is_mu_ready() const { return mu_ready; }
 
 private:
@@ -101,6 +108,14 @@ private:
     std::vector<ggml_context *> ctxs;
     std::vector<ggml_backend_buffer_t> bufs;
     mutable bool mu_ready = false;
+    // host copies of mu for true_keys, filled on first use once mu is set: TriAttention's folds call it per chunk of
+    // keys from several threads, and a device read each time is a synchronous copy (~4 ms a round on a GPU)
+    mutable std::mutex mu_host_mutex;
+    mutable std::map<int32_t, std::vector<float>> mu_host;
+    void drop_mu_host() const {
+        std::lock_guard<std::mutex> lock(mu_host_mutex);
+        mu_host.clear();
+    }
 
 public:
     llama_tq_keys() = default;

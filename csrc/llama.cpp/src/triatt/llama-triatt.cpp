@@ -562,58 +562,68 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     }
     folded_total += (int64_t) todo.size();
     const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
-    // cells todo[t0, t1) on one thread: decode, undo upstream's rotation and the key transforms, fold every layer's
-    // KV heads into the cell's record (per pair, in model order whatever the split; c summed in double)
-    auto fold_range = [&](size_t t0, size_t t1) {
-        const size_t m = t1 - t0;
-        std::vector<float> cacc(m * c_pairs, 0.0f);
-        for (size_t t = t0; t < t1; ++t) {
-            std::fill_n(fk.rec.data() + (size_t) g.cells[todo[t]] * rec_floats, rec_floats, 0.0f);
-        }
-        std::vector<float> keys;
-        for (const auto & L : g.lr) {
-            keys.resize(m * L.n_embd);
-            const auto * traits = ggml_get_type_traits(L.type);
+    // cells todo[r0, r1) on one thread: decode, undo upstream's rotation and the key transforms, fold every layer's
+    // KV heads into the cell's record (per pair, in model order whatever the split; c summed in double). In chunks of
+    // 16 cells, all layers before the next chunk, so a chunk's records (~4 KB a cell at 8 layers) and keys stay cached.
+    auto fold_range = [&](size_t r0, size_t r1) {
+        for (size_t t0 = r0; t0 < r1; t0 += 16) {
+            const size_t t1 = std::min(r1, t0 + 16);
+            const size_t m = t1 - t0;
+            std::vector<float> cacc(m * c_pairs, 0.0f);
             for (size_t t = t0; t < t1; ++t) {
-                const size_t j = todo[t];
-                const uint8_t * src = L.host ? L.host + L.row_bytes * g.cells[j] : slabs[L.slab].data + L.row_bytes * g.slab_row[j];
-                float * dst = keys.data() + (t - t0) * L.n_embd;
-                if (L.type == GGML_TYPE_F32) {
-                    std::memcpy(dst, src, L.n_embd * sizeof(float));
-                } else if (L.type == GGML_TYPE_F16) {
-                    triatt_f16_to_f32(reinterpret_cast<const uint16_t *>(src), dst, (size_t) L.n_embd);  // F16C
-                } else {
-                    traits->to_float(src, dst, L.n_embd);
+                std::fill_n(fk.rec.data() + (size_t) g.cells[todo[t]] * rec_floats, rec_floats, 0.0f);
+            }
+            std::vector<float> keys;
+            for (const auto & L : g.lr) {
+                keys.resize(m * L.n_embd);
+                const auto * traits = ggml_get_type_traits(L.type);
+                for (size_t t = t0; t < t1; ++t) {
+                    const size_t j = todo[t];
+                    const uint8_t * src = L.host ? L.host + L.row_bytes * g.cells[j]
+                                                 : slabs[L.slab].data + L.row_bytes * g.slab_row[j];
+                    float * dst = keys.data() + (t - t0) * L.n_embd;
+                    if (L.type == GGML_TYPE_F32) {
+                        std::memcpy(dst, src, L.n_embd * sizeof(float));
+                    } else if (L.type == GGML_TYPE_F16) {
+                        triatt_f16_to_f32(reinterpret_cast<const uint16_t *>(src), dst, (size_t) L.n_embd);  // F16C
+                    } else {
+                        traits->to_float(src, dst, L.n_embd);
+                    }
+                    if (rot_block > 0) {
+                        unrotate_hadamard(dst, L.n_embd, rot_block);
+                    }
                 }
-                if (rot_block > 0) {
-                    unrotate_hadamard(dst, L.n_embd, rot_block);
+                // scores are computed on the true keys
+                kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);
+                const size_t np = (size_t) L.ls->head_dim / 2;
+                for (size_t c = 0; c < m; ++c) {
+                    float * z = fk.rec.data() + (size_t) g.cells[todo[t0 + c]] * rec_floats + L.ls->z_off;
+                    for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
+                        triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
+                                        keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, z, z + np,
+                                        cacc.data() + c * c_pairs + L.ls->z_off / 2);
+                    }
                 }
             }
-            kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);  // scores are computed on the true keys
-            const size_t np = (size_t) L.ls->head_dim / 2;
-            for (size_t c = 0; c < m; ++c) {
-                float * z = fk.rec.data() + (size_t) g.cells[todo[t0 + c]] * rec_floats + L.ls->z_off;
-                for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
-                    triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
-                                    keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, z, z + np,
-                                    cacc.data() + c * c_pairs + L.ls->z_off / 2);
+            for (size_t t = t0; t < t1; ++t) {
+                double cs = 0.0;
+                for (size_t f = 0; f < c_pairs; ++f) {
+                    cs += cacc[(t - t0) * c_pairs + f];
                 }
+                const uint32_t cell = g.cells[todo[t]];
+                fk.rec[(size_t) cell * rec_floats + rec_floats - 1] = (float) cs;
+                fk.pos[cell] = g.pos[todo[t]];
             }
-        }
-        for (size_t t = t0; t < t1; ++t) {
-            double cs = 0.0;
-            for (size_t f = 0; f < c_pairs; ++f) {
-                cs += cacc[(t - t0) * c_pairs + f];
-            }
-            const uint32_t cell = g.cells[todo[t]];
-            fk.rec[(size_t) cell * rec_floats + rec_floats - 1] = (float) cs;
-            fk.pos[cell] = g.pos[todo[t]];
         }
     };
     const size_t n = todo.size();
-    // >= 64 cells a thread for f16/f32 keys; a quantized key costs ~4x more to decode, so 16 are worth a thread
-    const bool quantized = std::any_of(g.lr.begin(), g.lr.end(), [](const auto & L) { return ggml_is_quantized(L.type); });
-    const size_t n_thr = std::max<size_t>(1, std::min<size_t>((size_t) n_threads, n / (quantized ? 16 : 64)));
+    // >= 64 cells a thread for f16/f32 keys, >= 32 for quantized ones (~3x the decode), and at most half the context's
+    // threads: measured on a 16-core GPU host, 16 fold threads were slower than 8 (they share the cores with ggml's
+    // own threads), and 4 were the fastest for 128 TQ cells (bench/results/cuda/evict/fold_threads/)
+    const bool quantized =
+        std::any_of(g.lr.begin(), g.lr.end(), [](const auto & L) { return ggml_is_quantized(L.type); });
+    const size_t max_thr = std::max<size_t>(1, (size_t) n_threads / 2);
+    const size_t n_thr = std::max<size_t>(1, std::min<size_t>(max_thr, n / (quantized ? 32 : 64)));
     std::vector<std::thread> pool;
     for (size_t t = 1; t < n_thr; ++t) {
         pool.emplace_back(fold_range, n * t / n_thr, n * (t + 1) / n_thr);
@@ -642,6 +652,7 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         return;
     }
     const int64_t t0 = ggml_time_us();
+    int64_t t_gather = t0, t_await = t0, t_fold = t0, t_score = t0;
     const llama_kv_cells & cells = kv->get_cells(seq);
     std::vector<uint32_t> idx;
     std::vector<int32_t> pos;
@@ -677,9 +688,12 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         if (!stale.empty()) {
             gathered g;
             gather(seq, std::move(stale), 0, g);
+            t_gather = ggml_time_us();
             await(g, false);
+            t_await = ggml_time_us();
             fold(g, cells);
         }
+        t_fold = ggml_time_us();
         // the round: each group's phase at t_now turns every folded key's state (np complex multiply-adds a cell)
         std::vector<std::vector<double>> ph(group_rope.size());  // per group: cos, then sin
         for (size_t g = 0; g < group_rope.size(); ++g) {
@@ -702,8 +716,10 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
             score[c] = (float) sc;
         }
     }
+    t_score = ggml_time_us();
     std::vector<uint8_t> keep((size_t) n);
     const int32_t kept = triatt_select(&cfg, n, pos.data(), score.data(), keep.data());
+    const int64_t t_select = ggml_time_us();
     if (kept < 0) {
         LLAMA_LOG_ERROR("triatt: selection failed (out of memory)\n");
         return;
@@ -739,6 +755,10 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
                    "folded=%lld wait_ms=%.1f\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget,
                    triatt_policy_name(cfg.hybrid), t_now, ms, (long long) n_folded, wait_ms);
     wait_ms = 0.0;
+    LLAMA_LOG_DEBUG("triatt: round %d ms: gather %.2f await %.2f fold %.2f score %.2f select %.2f seq_rm %.2f\n", rounds,
+                    (t_gather - t0) / 1e3, (t_await - t_gather) / 1e3, (t_fold - t_await) / 1e3,
+                    (t_score - std::max(t_fold, t0)) / 1e3, (t_select - t_score) / 1e3,
+                    (ggml_time_us() - t_select) / 1e3);
 }
 
 // ---- the C API (include/llama.h) -----------------------------------------------------------------------------------
