@@ -76,10 +76,11 @@ static int tq_levels(int bits) { return 1 << bits; }
 
 static float tq_sign(const uint32_t *signs, int i) { return (signs[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f; }
 
-/* Unnormalized in-place fast Walsh-Hadamard transform of n values, natural (Sylvester) order. The butterfly
- * order is fixed so that every backend that copies it gets the same float results. */
-static void tq_fwht(float *v, int n) {
-    for (int h = 1; h < n; h <<= 1) {
+/* Unnormalized in-place fast Walsh-Hadamard transform of n values, natural (Sylvester) order: its butterfly stages
+ * h0, 2 h0, ..., n/2 (tq_fwht: all of them). The butterfly order is fixed so that every backend that copies it gets
+ * the same float results. */
+static inline void tq_fwht_from(float *v, int n, int h0) {
+    for (int h = h0; h < n; h <<= 1) {
         for (int i = 0; i < n; i += h << 1) {
             for (int j = i; j < i + h; ++j) {
                 const float a = v[j];
@@ -90,6 +91,8 @@ static void tq_fwht(float *v, int n) {
         }
     }
 }
+
+static void tq_fwht(float *v, int n) { tq_fwht_from(v, n, 1); }
 
 /* The 96-point rotation's mix across the three 32-value thirds, unnormalized: 3Q = [1 2 2; 2 1 -2; 2 -2 1], each
  * coordinate b of the thirds in this evaluation order (the doublings are exact). 3Q is symmetric and (3Q)^2 = 9I,
@@ -452,16 +455,7 @@ static inline void tq_dequantize_wht(const tq_fmt *f, const uint8_t *block, floa
     for (int i = 0; i < n; i += 8) {
         tq_fwht8(x + i);
     }
-    for (int h = 8; h < n; h <<= 1) {
-        for (int i = 0; i < n; i += h << 1) {
-            for (int j = i; j < i + h; ++j) {
-                const float a = x[j];
-                const float b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
-        }
-    }
+    tq_fwht_from(x, n, 8);
     uint32_t u[TQ_BLOCK];
     for (int i = 0; i < n; ++i) {
         x[i] *= f->wht_norm;
