@@ -619,7 +619,7 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     const size_t n = todo.size();
     // >= 64 cells a thread for f16/f32 keys, >= 32 for quantized ones (~3x the decode), and at most half the context's
     // threads: measured on a 16-core GPU host, 16 fold threads were slower than 8 (they share the cores with ggml's
-    // own threads), and 4 were the fastest for 128 TQ cells (bench/results/cuda/evict/fold_threads/)
+    // own threads; bench/results/cuda/evict/fold_mu_host/)
     const bool quantized =
         std::any_of(g.lr.begin(), g.lr.end(), [](const auto & L) { return ggml_is_quantized(L.type); });
     const size_t max_thr = std::max<size_t>(1, (size_t) n_threads / 2);
@@ -757,7 +757,7 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
     wait_ms = 0.0;
     LLAMA_LOG_DEBUG("triatt: round %d ms: gather %.2f await %.2f fold %.2f score %.2f select %.2f seq_rm %.2f\n", rounds,
                     (t_gather - t0) / 1e3, (t_await - t_gather) / 1e3, (t_fold - t_await) / 1e3,
-                    (t_score - std::max(t_fold, t0)) / 1e3, (t_select - t_score) / 1e3,
+                    (t_score - t_fold) / 1e3, (t_select - t_score) / 1e3,
                     (ggml_time_us() - t_select) / 1e3);
 }
 
