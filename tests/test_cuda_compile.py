@@ -118,9 +118,12 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     assert not failed, failed
 
 
-@pytest.mark.parametrize("source", ["tests/cuda/tq_quant_exact.cu", "bench/cuda/fa_decode_bench.cu"])
+@pytest.mark.parametrize(
+    "source", ["tests/cuda/tq_quant_exact.cu", "bench/cuda/fa_decode_bench.cu", "bench/cuda/carveout_bench.cu"]
+)
 def test_standalone_gpu_programs_build(source: str, tmp_path: Path) -> None:
-    """The quantizer exactness test and the decode-kernel harness (run on the GPU by scripts/gpu/run_cuda.sh)."""
+    """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
+    shared-memory carveout probe of bench/results/cuda/v12_rope_fold)."""
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],

@@ -63,21 +63,86 @@ static __device__ __forceinline__ int64_t tq_rows_id(const char * ids, const tq_
     return (int64_t) *reinterpret_cast<const idx_t *>(ids + p.i1 * sh.i0 + (p.i2 % sh.ine1) * sh.i1 + (p.i3 % sh.ine2) * sh.i2);
 }
 
+// K's RoPE folded into the K write (ggml_cuda_tq_try_fuse): the write reads the ROPE's input x [D, H, T] and
+// rotates each value as ggml-cuda's rope_norm / rope_neox do (same expressions and flags, so the same floats);
+// modes norm and neox, f32, no offset. x == nullptr: no RoPE in the write.
+struct tq_rope_fold {
+    const char * x = nullptr;
+    int64_t nb1 = 0, nb2 = 0;       // x's head and token strides (bytes)
+    const int32_t * pos = nullptr;  // one position per token
+    const float * ff = nullptr;     // frequency factors (n_dims / 2) or nullptr
+    int D = 0, n_dims = 0;
+    bool neox = false;
+    float theta_scale = 0, freq_scale = 0, ext_factor = 0, attn_factor = 0, corr0 = 0, corr1 = 0;
+};
+
+// rope.cu's rope_yarn (forward), which is static there
+static __device__ __forceinline__ void tq_rope_yarn(const tq_rope_fold & r, float theta_extrap, int i0, float & c,
+                                                    float & s) {
+    const float theta_interp = r.freq_scale * theta_extrap;
+    float theta = theta_interp;
+    float mscale = r.attn_factor;
+    if (r.ext_factor != 0.0f) {
+        const float y = (i0 / 2 - r.corr0) / max(0.001f, r.corr1 - r.corr0);
+        const float ramp_mix = (1.0f - min(1.0f, max(0.0f, y))) * r.ext_factor;
+        theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+        mscale *= 1.0f + 0.1f * logf(1.0f / r.freq_scale);
+    }
+    c = cosf(theta) * mscale;
+    s = sinf(theta) * mscale;
+}
+
+// Value e (head e / D, channel e % D) of token t after the RoPE.
+static __device__ __forceinline__ float tq_rope_value(const tq_rope_fold & r, int64_t t, int e) {
+    const int h = e / r.D, c = e - h * r.D;
+    const float * x = reinterpret_cast<const float *>(r.x + t * r.nb2 + h * r.nb1);
+    if (c >= r.n_dims) {
+        return x[c];
+    }
+    const int half = r.n_dims / 2;
+    bool first;
+    int ic;
+    float x0, x1;
+    if (r.neox) { // pairs (i, i + n_dims / 2)
+        first = c < half;
+        ic = first ? c : c - half;
+        x0 = x[ic];
+        x1 = x[ic + half];
+    } else {      // pairs (2i, 2i + 1)
+        first = (c & 1) == 0;
+        ic = c >> 1;
+        x0 = x[2 * ic];
+        x1 = x[2 * ic + 1];
+    }
+    const int iw = 2 * ic;
+    const float theta_base = r.pos[t] * powf(r.theta_scale, iw / 2.0f);
+    const float freq_factor = r.ff != nullptr ? r.ff[ic] : 1.0f;
+    float cos_theta, sin_theta;
+    tq_rope_yarn(r, theta_base / freq_factor, iw, cos_theta, sin_theta);
+    return first ? x0 * cos_theta - x1 * sin_theta : x0 * sin_theta + x1 * cos_theta;
+}
+
 // Block g of a rows job: every thread of the CTA calls it (the quantizer synchronizes the CTA); the tables are in
 // shared memory (t) but not yet synchronized. mu / s (optional, one value per element of a source row): the key
-// transforms' SUB and MUL folded in, x' = (x - mu) * s, in IEEE f32 as the graph's nodes compute them.
+// transforms' SUB and MUL folded in, x' = (x - mu) * s, in IEEE f32 as the graph's nodes compute them. rope
+// (optional): the source row is the RoPE of rope->x's row (then src is not read).
 template <int BITS, int N, typename src_t, typename idx_t>
 static __device__ __forceinline__ void tq_quantize_rows_block(const tq_cu_tables & t, tq_cu_qscratch & sm,
                                                               const char * src, const char * ids, char * dst,
                                                               const tq_rows_shape & sh, int64_t g, int tid,
-                                                              const float * mu = nullptr, const float * s = nullptr) {
+                                                              const float * mu = nullptr, const float * s = nullptr,
+                                                              const tq_rope_fold * rope = nullptr) {
     tq_rows_pos p;
     if (!tq_rows_locate(sh, g, p)) {
         return; // uniform over the CTA
     }
     const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
-    const src_t * x = reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * N;
-    float v = (float) x[tid];
+    float v;
+    if (rope != nullptr && rope->x != nullptr) {
+        v = tq_rope_value(*rope, p.i1, (int) (p.ib * N) + tid);
+    } else {
+        v = (float) reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3)[p.ib * N + tid];
+    }
     if (mu != nullptr) {
         v = tq_fsub(v, mu[p.ib * N + tid]);
     }
@@ -115,19 +180,21 @@ struct tq_rows_job {
     int64_t n; // blocks
     const float * mu = nullptr; // folded key transforms (tq_quantize_rows_block)
     const float * s = nullptr;
+    tq_rope_fold rope;          // folded RoPE (rope.x set)
 };
 template <int B0, int B1, int N, typename idx_t>
-static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const tq_rows_job j0, const tq_rows_job j1,
+static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_constant__ tq_rows_job j0,
+                                                                const __grid_constant__ tq_rows_job j1,
                                                                 const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
     tq_cu_tables_load<N>(t, tab, threadIdx.x);
     if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
         tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x,
-                                                    j0.mu, j0.s);
+                                                    j0.mu, j0.s, &j0.rope);
     } else {
         tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x,
-                                                    j1.mu, j1.s);
+                                                    j1.mu, j1.s, &j1.rope);
     }
 }
 
@@ -481,6 +548,41 @@ static bool tq_read_elsewhere(const ggml_cgraph * cgraph, const ggml_tensor * t,
     return false;
 }
 
+// A ROPE the K write can apply itself (tq_rope_value): forward, norm or neox mode without an offset, f32 rows of
+// [D, H, T]; fills r.
+static bool tq_rope_foldable(const ggml_tensor * rope, tq_rope_fold & r) {
+    const ggml_tensor * x = rope->src[0], * pos = rope->src[1], * ff = rope->src[2];
+    const int32_t * op = (const int32_t *) rope->op_params;
+    const int n_dims = op[1], mode = op[2], n_ctx_orig = op[4], n_offs = op[15];
+    if (rope->op != GGML_OP_ROPE || (mode != 0 && mode != GGML_ROPE_TYPE_NEOX) || n_offs != 0 ||
+        rope->type != GGML_TYPE_F32 || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) || x->ne[3] != 1 ||
+        pos == nullptr || pos->type != GGML_TYPE_I32 || pos->ne[0] != x->ne[2] || !ggml_is_contiguous(pos) ||
+        (ff != nullptr && (ff->type != GGML_TYPE_F32 || !ggml_is_contiguous(ff) || ff->ne[0] < n_dims / 2)) ||
+        n_dims <= 0 || n_dims % 2 != 0 || n_dims > x->ne[0]) {
+        return false;
+    }
+    float freq_base, beta_fast, beta_slow, corr[2];
+    memcpy(&freq_base,     op + 5, sizeof(float));
+    memcpy(&r.freq_scale,  op + 6, sizeof(float));
+    memcpy(&r.ext_factor,  op + 7, sizeof(float));
+    memcpy(&r.attn_factor, op + 8, sizeof(float));
+    memcpy(&beta_fast,     op + 9, sizeof(float));
+    memcpy(&beta_slow,     op + 10, sizeof(float));
+    ggml_rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, corr);
+    r.corr0 = corr[0];
+    r.corr1 = corr[1];
+    r.theta_scale = powf(freq_base, -2.0f / n_dims); // as rope.cu's launchers
+    r.x = (const char *) x->data;
+    r.nb1 = x->nb[1];
+    r.nb2 = x->nb[2];
+    r.pos = (const int32_t *) pos->data;
+    r.ff = ff != nullptr ? (const float *) ff->data : nullptr;
+    r.D = (int) x->ne[0];
+    r.n_dims = n_dims;
+    r.neox = mode == GGML_ROPE_TYPE_NEOX;
+    return true;
+}
+
 int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
     auto is_write = [](const ggml_tensor * t) {
@@ -498,6 +600,26 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     if (!ctx.stream_context().concurrent_events.empty()) {
         return 0; // (graph optimization's concurrent streams may put the nodes on different streams)
     }
+    const int first = i;
+    // K's RoPE folded into the K write: ROPE views [SUB [MUL] views] SET_ROWS, where nothing else reads the ROPE's
+    // output; the ROPE does not run, the write rotates the ROPE's input itself.
+    tq_rope_fold rope;
+    const ggml_tensor * roped = nullptr;
+    if (cgraph->nodes[i]->op == GGML_OP_ROPE) {
+        roped = cgraph->nodes[i];
+        if (!ggml_is_contiguous(roped) || !tq_rope_foldable(roped, rope)) {
+            return 0;
+        }
+        i = next_real(i);
+        if (i < 0) {
+            return 0;
+        }
+    }
+    // a view of t as rows of D x H values (what the K write reads)
+    auto rows_of = [](const ggml_tensor * a, const ggml_tensor * t) {
+        return a != nullptr && (a == t || a->view_src == t) && a->data == t->data && ggml_is_contiguous(a) &&
+               a->ne[0] == t->ne[0] * t->ne[1] && a->ne[1] == t->ne[2] && a->ne[2] == 1 && a->ne[3] == 1;
+    };
     // the key transforms folded into the K write: SUB [MUL] views SET_ROWS, where the write reads the transformed
     // keys as rows of D x H values and nothing else reads them. The SUB and MUL do not run: the write reads the
     // SUB's input (same shape, both contiguous: same offsets) and applies them itself.
@@ -506,6 +628,10 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     int ik = i, last = i;
     if (tq_key_transform_at(cgraph, i, last, mu, s)) {
         keys_in = cgraph->nodes[i]->src[0];
+        if (roped != nullptr && keys_in != roped &&
+            (keys_in->view_src != roped || keys_in->data != roped->data || !ggml_are_same_shape(keys_in, roped))) {
+            return 0; // (the SUB's input is contiguous, so it is the ROPE's output as it is)
+        }
         const ggml_tensor * val = cgraph->nodes[last];
         ik = next_real(last);
         if (ik < 0) {
@@ -519,9 +645,20 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
             (last != i && tq_read_elsewhere(cgraph, cgraph->nodes[i], i, ik))) {
             return 0;
         }
+    } else if (roped != nullptr) { // ROPE views SET_ROWS
+        const ggml_tensor * w = cgraph->nodes[i];
+        if (!is_write(w) || !rows_of(w->src[0], roped)) {
+            return 0;
+        }
     }
     const ggml_tensor * k = cgraph->nodes[ik];
     if (!is_write(k)) {
+        return 0;
+    }
+    const ggml_tensor * ka = k->src[0];
+    if (roped != nullptr && (ka->ne[0] % tq_block_n_of(k->type) != 0 || ka->ne[1] != roped->ne[2] || ka->ne[2] != 1 ||
+                             ka->ne[3] != 1 || tq_overlap(k, roped->src[0]) || tq_overlap(k, roped->src[1]) ||
+                             tq_read_elsewhere(cgraph, roped, first, ik))) {
         return 0;
     }
     tq_rows_job j0 = tq_job_of(k);
@@ -530,6 +667,9 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
         j0.mu = mu;
         j0.s = s;
     }
+    if (roped != nullptr) {
+        j0.rope = rope;
+    }
     const int b0 = tq_bits_of(k->type);
     const int j = next_real(ik);
     const ggml_tensor * v = j >= 0 ? cgraph->nodes[j] : nullptr;
@@ -537,8 +677,9 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     const bool pair = v != nullptr && is_write(v) && tq_block_n_of(v->type) == tq_block_n_of(k->type) &&
                       !tq_overlap(k, v) && !tq_overlap(k, v->src[0]) && !tq_overlap(k, v->src[1]) &&
                       !tq_overlap(v, k->src[0]) && !tq_overlap(v, k->src[1]) &&
-                      (keys_in == nullptr || !tq_overlap(v, keys_in));
-    if (!pair && mu == nullptr) {
+                      (keys_in == nullptr || !tq_overlap(v, keys_in)) &&
+                      (roped == nullptr || (!tq_overlap(v, roped->src[0]) && !tq_overlap(v, roped->src[1])));
+    if (!pair && mu == nullptr && roped == nullptr) {
         return 0; // a lone write without transforms: the plain SET_ROWS path
     }
     tq_rows_job j1 = pair ? tq_job_of(v) : tq_rows_job{};
@@ -553,7 +694,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     } else {
         tq_quantize_rows2<TQ_BLOCK_64>(b0, b1, j0, j1, ctx.stream());
     }
-    return (pair ? j : ik) - i;
+    return (pair ? j : ik) - first;
 }
 
 bool ggml_cuda_tq_mul_mat(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_mul_mat_fn mul_mat) {

@@ -18,8 +18,8 @@ int ggml_cuda_tq_supports_op(const ggml_tensor * op);
 bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
 // Graph fusion (called from ggml_cuda_try_fuse): node i a f32 -> TQ SET_ROWS and the next node that is not a view
-// another one (a layer's K and V writes) run in one launch; node i the key transforms' SUB (and MUL) in front of a
-// K write are folded into that launch. Returns the nodes consumed after node i (0: no fusion).
+// another one (a layer's K and V writes) run in one launch; K's ROPE (norm / neox) and the key transforms' SUB (and
+// MUL) in front of a K write are folded into that launch. Returns the nodes consumed after node i (0: no fusion).
 int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
 
 // MUL_MAT with a TQ src0 (the -fa off K*Q): src0 is dequantized to f16 and handed to upstream's mul_mat.
