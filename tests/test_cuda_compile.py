@@ -119,11 +119,17 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "source", ["tests/cuda/tq_quant_exact.cu", "bench/cuda/fa_decode_bench.cu", "bench/cuda/carveout_bench.cu"]
+    "source",
+    [
+        "tests/cuda/tq_quant_exact.cu",
+        "bench/cuda/fa_decode_bench.cu",
+        "bench/cuda/carveout_bench.cu",
+        "bench/cuda/param_size_bench.cu",
+    ],
 )
 def test_standalone_gpu_programs_build(source: str, tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
-    shared-memory carveout probe of bench/results/cuda/v12_rope_fold)."""
+    shared-memory carveout and parameter-size probes of bench/results/cuda/v12_rope_fold)."""
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],
