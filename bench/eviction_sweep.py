@@ -8,6 +8,8 @@ V3 with segments x prefix in {8, 2, 1} x {128, 32} (TRIATT_SEGMENTS / TRIATT_PRE
 scores (TRIATT_POOL=0, as when evict/tuning/sweep.txt was made). Prints KLD vs f16 per run.
 --pooled: the segment quota with pooled scores (the library's default pool), budgets 25/50/75 %, through
 `llama_tq.harness.evict` (evict.json, evict.md, the plot): segments 1, 2, 4 and 1 with prefix 32.
+--window-prefix: the shipped V3 (pool 8, 2 segments) with other windows and prefixes, and StreamingLLM / random with
+prefix 64 and window 256, budgets 25/50/75 % (bench/results/evict/window_prefix): sweep.txt.
 """
 
 from __future__ import annotations
@@ -22,6 +24,25 @@ from llama_tq.models import default_model
 ROOT = Path(__file__).resolve().parents[1]
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 SETTINGS = ((8, 128), (2, 128), (1, 128), (8, 32), (1, 32))  # (segments, prefix)
+# (name, budget %, TRIATT_* settings): the window x prefix sweep of bench/results/evict/window_prefix
+WP_V3 = (
+    (256, 128, (25, 50, 75)),
+    (256, 64, (25, 50, 75)),
+    (256, 32, (25, 50, 75)),
+    (128, 32, (50,)),
+    (192, 128, (50,)),
+    (384, 128, (50,)),
+    (512, 128, (50,)),
+)  # (window, prefix, budgets)
+WINDOW_PREFIX = [(f"V3 W{w} P{p}", n, {"HYBRID": 2, "WINDOW": w, "PREFIX": p}) for w, p, ns in WP_V3 for n in ns]
+WINDOW_PREFIX += [
+    (f"V3 W{w} pool4", n, {"HYBRID": 2, "WINDOW": w, "POOL": 4}) for w, n in ((128, 25), (256, 25), (256, 50))
+]
+WINDOW_PREFIX += [
+    (f"{n} W256 P64", pct, {"HYBRID": h, "WINDOW": 256, "PREFIX": 64})
+    for n, h in (("StreamingLLM", 3), ("random", 4))
+    for pct in (25, 50, 75)
+]
 POOLED = {"V3-s1": {"HYBRID": 2, "SEGMENTS": 1}, "V3-s2": {"HYBRID": 2, "SEGMENTS": 2},
           "V3-s4": {"HYBRID": 2, "SEGMENTS": 4}, "V3-s1-p32": {"HYBRID": 2, "SEGMENTS": 1, "PREFIX": 32}}  # fmt: skip
 
@@ -31,13 +52,19 @@ def main() -> None:
     ap.add_argument("--text", type=Path, default=WIKI)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "evict" / "tuning")
     ap.add_argument("--pooled", action="store_true", help="the pooled-score segment sweep (budgets 25/50/75 %%)")
+    ap.add_argument("--window-prefix", action="store_true", help="the window x prefix sweep (25/50/75 %%)")
     args = ap.parse_args()
     if args.pooled:
         evict.run(default_model(), args.text, args.out, policies=POOLED)
         return
     ctx = 2048
     cfgs = [KvConfig("f16", "f16")]
-    for pct in (25, 50):
+    if args.window_prefix:
+        for name, pct, kw in WINDOW_PREFIX:
+            env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_WARMUP", "256"), ("TRIATT_DIVIDE", "64"),
+                   *((f"TRIATT_{k}", str(v)) for k, v in kw.items()))  # fmt: skip
+            cfgs.append(KvConfig("f16", "f16", env, f"{name} {pct}%"))
+    for pct in () if args.window_prefix else (25, 50):
         for seg, pre in SETTINGS:
             env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_HYBRID", "2"), ("TRIATT_WARMUP", "256"),
                    ("TRIATT_DIVIDE", "64"), ("TRIATT_SEGMENTS", str(seg)), ("TRIATT_PREFIX", str(pre)),
