@@ -64,12 +64,13 @@ def main() -> None:
             env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_WARMUP", "256"), ("TRIATT_DIVIDE", "64"),
                    *((f"TRIATT_{k}", str(v)) for k, v in kw.items()))  # fmt: skip
             cfgs.append(KvConfig("f16", "f16", env, f"{name} {pct}%"))
-    for pct in () if args.window_prefix else (25, 50):
-        for seg, pre in SETTINGS:
-            env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_HYBRID", "2"), ("TRIATT_WARMUP", "256"),
-                   ("TRIATT_DIVIDE", "64"), ("TRIATT_SEGMENTS", str(seg)), ("TRIATT_PREFIX", str(pre)),
-                   ("TRIATT_POOL", "0"))  # fmt: skip
-            cfgs.append(KvConfig("f16", "f16", env, f"V3 seg{seg} prefix{pre} {pct}%"))
+    else:
+        for pct in (25, 50):
+            for seg, pre in SETTINGS:
+                env = (("TRIATT_BUDGET", str(ctx * pct // 100)), ("TRIATT_HYBRID", "2"), ("TRIATT_WARMUP", "256"),
+                       ("TRIATT_DIVIDE", "64"), ("TRIATT_SEGMENTS", str(seg)), ("TRIATT_PREFIX", str(pre)),
+                       ("TRIATT_POOL", "0"))  # fmt: skip
+                cfgs.append(KvConfig("f16", "f16", env, f"V3 seg{seg} prefix{pre} {pct}%"))
     res = ppl.run_matrix(default_model(), args.text, cfgs, ctx=ctx, chunks=3, threads=2, extra_args=["-ub", "128"],
                          out_dir=args.out / "run")  # fmt: skip
     pairs = zip(cfgs, res[1:], strict=True)

@@ -566,14 +566,14 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     // KV heads into the cell's record (per pair, in model order whatever the split; c summed in double). In chunks of
     // 16 cells, all layers before the next chunk, so a chunk's records (~4 KB a cell at 8 layers) and keys stay cached.
     auto fold_range = [&](size_t r0, size_t r1) {
+        std::vector<float> cacc, keys;  // per chunk, reused across the thread's chunks
         for (size_t t0 = r0; t0 < r1; t0 += 16) {
             const size_t t1 = std::min(r1, t0 + 16);
             const size_t m = t1 - t0;
-            std::vector<float> cacc(m * c_pairs, 0.0f);
+            cacc.assign(m * c_pairs, 0.0f);
             for (size_t t = t0; t < t1; ++t) {
                 std::fill_n(fk.rec.data() + (size_t) g.cells[todo[t]] * rec_floats, rec_floats, 0.0f);
             }
-            std::vector<float> keys;
             for (const auto & L : g.lr) {
                 keys.resize(m * L.n_embd);
                 const auto * traits = ggml_get_type_traits(L.type);
