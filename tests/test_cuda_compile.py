@@ -125,11 +125,13 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
         "bench/cuda/fa_decode_bench.cu",
         "bench/cuda/carveout_bench.cu",
         "bench/cuda/param_size_bench.cu",
+        "bench/cuda/tq_convert_bench.cu",
     ],
 )
 def test_standalone_gpu_programs_build(source: str, tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
-    shared-memory carveout and parameter-size probes of bench/results/cuda/v12_rope_fold)."""
+    shared-memory carveout and parameter-size probes of bench/results/cuda/v12_rope_fold, the prefill converter's
+    speed probe of v13_convert)."""
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],

@@ -2,7 +2,9 @@
 # Builds, tests and benchmarks llama-tq's CUDA kernels on a GPU machine, from what scripts/gpu/pack.sh put in
 # .gpu/. Stages (default: all), each writing its log/results into $RES (default $OUT, else bench/results/cuda):
 #   build  patched llama.cpp (sm_90 unless CUDA_ARCH is set): test-backend-ops, llama-bench, llama-perplexity
-#   exact  GPU quantizer vs the C codec, byte for byte, on 2^20 random blocks per type (tests/cuda)
+#   exact  GPU quantizer vs the C codec, byte for byte, on 2^20 random blocks per type, and the prefill converter vs
+#          the GPU dequantizer, bit for bit (tests/cuda)
+#   convert  the prefill converter (TQ -> f16 of a whole cache) against a device copy (bench/cuda/tq_convert_bench.cu)
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
@@ -64,6 +66,13 @@ stage_exact() {
         tests/cuda/tq_quant_exact.cu \
         "$W/tq_codec.o" -o "$W/tq_quant_exact" || return 1
     "$W/tq_quant_exact" 1048576 | tee "$RES/quant_exact.txt"
+}
+
+stage_convert() { # the prefill converter's speed (bench/cuda/tq_convert_bench.cu); exactness is stage_exact's
+    [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    nvcc -O3 -std=c++17 -arch=sm_"$ARCH" -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
+        bench/cuda/tq_convert_bench.cu "$W/tq_codec.o" -o "$W/tq_convert_bench" || return 1
+    "$W/tq_convert_bench" | tee "$RES/convert_bench.txt"
 }
 
 stage_ops() {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tq-cuda-codec.cuh"
+#include "tq-cuda-convert.cuh"
 
 #include "cuda_check.cuh"
 
@@ -186,13 +187,39 @@ static int check(int64_t n, const tq_cu_tables & tab) {
             max_rel = std::max(max_rel, std::sqrt(num / den));
         }
     }
+    // the prefill converter (four lanes per block) against the one-warp dequantizer: bit for bit, f32 and f16
+    int64_t conv_bad = 0;
+    if constexpr (N == TQ_BLOCK) {
+        const tq_conv_shape sh = {1u, (uint32_t) n, bb, 0, 0, (int64_t) N * 4, 0, 0};
+        CK(cudaMemset(dy, 0xff, x.size() * sizeof(float)));
+        tq_convert128<float>(BITS, (const char *) dq, (char *) dy, sh, 1, 1, tab, 0);
+        CK(cudaGetLastError());
+        std::vector<float> yc(x.size());
+        CK(cudaMemcpy(yc.data(), dy, yc.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        const tq_conv_shape shh = {1u, (uint32_t) n, bb, 0, 0, (int64_t) N * 2, 0, 0};
+        tq_convert128<half>(BITS, (const char *) dq, (char *) dy, shh, 1, 1, tab, 0);
+        CK(cudaGetLastError());
+        std::vector<half> yh(x.size());
+        CK(cudaMemcpy(yh.data(), dy, yh.size() * sizeof(half), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < yc.size(); ++i) {
+            const half r = __float2half_rn(ygpu[i]);
+            const bool nan = std::isnan(ygpu[i]);
+            if (nan ? !std::isnan(yc[i]) || !__hisnan(yh[i])
+                    : memcmp(&yc[i], &ygpu[i], 4) != 0 || memcmp(&yh[i], &r, 2) != 0) {
+                if (conv_bad < 3) {
+                    fprintf(stderr, "tq%d converter: value %zu %.9g vs %.9g\n", BITS, i, yc[i], ygpu[i]);
+                }
+                ++conv_bad;
+            }
+        }
+    }
     CK(cudaFree(dx));
     CK(cudaFree(dq));
     CK(cudaFree(dy));
-    const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6;
-    printf("tq%d%s: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld: %s"
+    const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6 && conv_bad == 0;
+    printf("tq%d%s: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, NaN mismatches %lld, converter values differing %lld: %s"
            " | quantize 4 blocks %.1f us per launch, all %lld blocks %.0f us\n",
-           BITS, N == TQ_BLOCK ? "" : N == TQ_BLOCK_64 ? "_64" : "_96", (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, ok ? "PASS" : "FAIL", us_small,
+           BITS, N == TQ_BLOCK ? "" : N == TQ_BLOCK_64 ? "_64" : "_96", (long long) n, (long long) bad, max_rel, (long long) nan_mismatch, (long long) conv_bad, ok ? "PASS" : "FAIL", us_small,
            (long long) n, us_all);
     return ok ? 0 : 1;
 }

@@ -6,6 +6,7 @@
 
 #include "fattn.cuh"
 #include "tq-cuda-codec.cuh"
+#include "tq-cuda-convert.cuh"
 #include "tq-fattn.cuh"
 
 static const tq_cu_tables & tq_tables() {
@@ -285,10 +286,28 @@ static __global__ void k_tq_copy_blocks(const char * src, char * dst, const tq_r
 // ---------------------------------------------------------------------------------------------------------
 // Converters (convert.cu's getters hand these out).
 
+// 128-value blocks: k_tq_convert128 where the shape allows (tq-cuda-convert.cuh: ~3x faster than the row
+// dequantizer below, which cost ~8 % of a pp512 @ d32768 ubatch; NOTES.md v13)
+template <typename T>
+static bool tq_to_t_fast(ggml_type type, const void * x, T * y, int64_t nblk, int64_t ne1, int64_t ne2, int64_t ne3,
+                         int64_t s1, int64_t s2, int64_t s3, cudaStream_t stream) {
+    const int64_t d1 = nblk * TQ_BLOCK * (int64_t) sizeof(T);
+    if (tq_block_n_of(type) != TQ_BLOCK || !tq_conv_ok(nblk, ne1, ne2, ne3, y, d1)) {
+        return false;
+    }
+    const tq_conv_shape sh = {(uint32_t) nblk, (uint32_t) (nblk * ne1), s1, s2, s3, d1, d1 * ne1, d1 * ne1 * ne2};
+    tq_convert128<T>(tq_bits_of(type), (const char *) x, (char *) y, sh, ne2, ne3, tq_tables(), stream);
+    CUDA_CHECK(cudaGetLastError());
+    return true;
+}
+
 template <typename T>
 static void tq_to_t_cont(ggml_type type, const void * x, T * y, int64_t k, cudaStream_t stream) {
     const int64_t bb = (int64_t) ggml_type_size(type);
     const int64_t n = tq_block_n_of(type);
+    if (tq_to_t_fast<T>(type, x, y, 1, k / n, 1, 1, bb, 0, 0, stream)) {
+        return;
+    }
     const tq_rows_shape sh = {1, k / n, 1, 1, bb, 0, 0, (int64_t) (n * sizeof(T)), 0, 0, 0, 0, 0, 1, 1};
     tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
 }
@@ -297,6 +316,9 @@ template <typename T>
 static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int64_t ne01, int64_t ne02, int64_t ne03,
                        int64_t s01, int64_t s02, int64_t s03, cudaStream_t stream) {
     const int64_t bb = (int64_t) ggml_type_size(type);
+    if (tq_to_t_fast<T>(type, x, y, ne00 / TQ_BLOCK, ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb, stream)) {
+        return;
+    }
     const int64_t d1 = ne00 * (int64_t) sizeof(T);
     const tq_rows_shape sh = {ne00 / tq_block_n_of(type), ne01, ne02, ne03, s01 * bb, s02 * bb, s03 * bb,
                               d1, d1 * ne01, d1 * ne01 * ne02, 0, 0, 0, 1, 1};
