@@ -7,6 +7,7 @@
 //        bench/cuda/fa_decode_bench.cu tq_codec.o -o fa_decode_bench
 //   ./fa_decode_bench            correctness cases, then the perf cases; exit 1 on any mismatch
 //   ./fa_decode_bench perf [N]   the perf cases only (or only the N-th)
+//   ./fa_decode_bench phases     (built with -DTQ_FA_PHASES) where a single-pass block's time goes at depth 0
 //   ./fa_decode_bench short      decode at short KV (1 sequence, as llama-bench at depth 0): the host's chunking,
 //                                then one chunk (the tensor-core kernel's single pass), per KV length
 #include <algorithm>
@@ -28,6 +29,7 @@ struct Case {
     float softcap;
     bool perf;
     int chunks = 0; // 0: the host's chunking; n: n chunks (1: the tensor-core kernel's single pass)
+    int open = 0;   // > 0: only the first `open` keys unmasked (a decode step at depth 0 pads the KV to 256 cells)
 };
 
 static const char * kname(int k) {
@@ -134,7 +136,8 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
         std::uniform_real_distribution<float> ud(0.0f, 1.0f);
         for (size_t i = 0; i < maskh.size(); ++i) {
             const float u = ud(rng);
-            const float m = u < 0.2f ? -INFINITY : (u - 0.5f);
+            const float m = cs.open > 0 ? ((int) (i % cs.n_kv) < cs.open ? u - 0.5f : -INFINITY)
+                                        : u < 0.2f ? -INFINITY : (u - 0.5f);
             const __half h = __float2half(m);
             memcpy(&maskh[i], &h, 2);
             maskf[i] = __half2float(h);
@@ -349,7 +352,8 @@ static double copy_bandwidth() { // device-to-device copy of 1 GiB: read + write
 }
 
 int main(int argc, char ** argv) {
-    const bool perf_only = argc > 1 && (strcmp(argv[1], "perf") == 0 || strcmp(argv[1], "short") == 0);
+    const bool perf_only = argc > 1 && (strcmp(argv[1], "perf") == 0 || strcmp(argv[1], "short") == 0 ||
+                                        strcmp(argv[1], "phases") == 0);
     int nsm;
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
     const double gbs = copy_bandwidth();
@@ -382,6 +386,32 @@ int main(int argc, char ** argv) {
             ok &= run_case({64, 777, 2, 4, 2, 1, k[0], k[1], true, 30.0f, false}, nsm, rng, gbs);
             ok &= run_case({64, 2000, 1, 2, 8, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
         }
+    }
+    if (argc > 1 && strcmp(argv[1], "phases") == 0) { // where a single-pass block's time goes at depth 0
+#ifdef TQ_FA_PHASES
+        int khz;
+        CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        for (auto & k : kinds) {
+            for (int open : {16, 64, 128}) {
+                ok &= run_case(Case{128, 256, 8, 4, 1, 1, k[0], k[1], true, 0.0f, true, 1, open}, nsm, rng, gbs);
+                long long clk[64][8];
+                CK(cudaMemcpyFromSymbol(clk, tq_fa_phase_clk, sizeof clk));
+                double m[7] = {0};
+                for (int b = 0; b < 8; ++b) {
+                    for (int i = 1; i < 7; ++i) {
+                        m[i] += (double) (clk[b][i] - clk[b][0]) / 8.0 / (khz * 1e-3);
+                    }
+                }
+                printf("  open %3d: us from block entry (thread 0, mean of 8 blocks, %.2f GHz clock): tables+q load+mask "
+                       "scan %.2f | q rotation %.2f | q fragments %.2f | tiles %.2f | warp merge %.2f | output %.2f\n",
+                       open, khz * 1e-6, m[1], m[2], m[3], m[4], m[5], m[6]);
+            }
+        }
+        return ok ? 0 : 1;
+#else
+        fprintf(stderr, "build with -DTQ_FA_PHASES\n");
+        return 2;
+#endif
     }
     if (argc > 1 && strcmp(argv[1], "short") == 0) { // decode at short KV (llama-bench tg at depth 0): chunks vs single pass
         for (auto & k : kinds) {

@@ -167,6 +167,42 @@ static __device__ __forceinline__ uint32_t tq_mma_spread3(uint32_t x) {
     return (x & 0x00070007u) | ((x & 0x00380038u) << 5);
 }
 
+// Single pass: each column's output factor 1 / l (threads 0..7, column tid), with the sink's term as the merge adds it.
+static __device__ __forceinline__ void tq_mma_single_pass_fac(const tq_fa_params & p, const float (&red)[2][TQ_MMA_WARPS][8],
+                                                              float * fac, int kvh, int tid) {
+    if (tid < 8) {
+        float m = -INFINITY, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+            m = fmaxf(m, red[0][w][tid]);
+        }
+#pragma unroll
+        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+            l += red[0][w][tid] == -INFINITY ? 0.0f : red[1][w][tid] * __expf(red[0][w][tid] - m);
+        }
+        float f = m == -INFINITY ? 0.0f : 1.0f;
+        if (p.sinks != nullptr) {
+            const float sk = p.sinks[kvh * p.gqa + tid % p.gqa], mx = fmaxf(m, sk);
+            f = m == -INFINITY ? 0.0f : __expf(m - mx);
+            l = l * f + __expf(sk - mx);
+        }
+        fac[tid] = l > 0.0f ? f / l : 0.0f;
+    }
+}
+
+#ifdef TQ_FA_PHASES // bench/cuda/fa_decode_bench.cu `phases`: thread 0's clock at the kernel's barriers, per block
+__device__ long long tq_fa_phase_clk[64][8];
+#define TQ_FA_PHASE(i)                                                                                  \
+    do {                                                                                                \
+        const unsigned b_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);             \
+        if (threadIdx.x == 0 && b_ < 64) {                                                              \
+            tq_fa_phase_clk[b_][i] = clock64();                                                         \
+        }                                                                                               \
+    } while (0)
+#else
+#define TQ_FA_PHASE(i) ((void) 0)
+#endif
+
 template <int D, int TK, int TV>
 __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCKS : 2) tq_fa_mma_kernel(const tq_fa_params p) {
     static_assert(tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV), "tensor-core path: TQ K and TQ V, 128-value blocks");
@@ -180,7 +216,10 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     using LK = tq_mma_lut_t<TK, D>;
     using LV = tq_mma_lut_t<TV, D>;
     constexpr bool SAME = TK == TV;
-    constexpr int OUT_WORDS = 2 * 8 * D; // the cross-warp sum's two parked O^T
+    // the cross-warp sum's parked O^T: two (split-K), or at D = 128 all four warps' (single pass: one barrier;
+    // at D = 256 four would pass the 48 KB of static shared memory)
+    constexpr int OUT_SLOTS = D == 128 ? 4 : 2;
+    constexpr int OUT_WORDS = OUT_SLOTS * 8 * D;
     constexpr int STAGE_WORDS = TQ_MMA_WARPS * TQ_MMA_STAGES * TILE_WORDS;
 
     __shared__ __align__(16) uint32_t stage[(STAGE_WORDS > OUT_WORDS ? STAGE_WORDS : OUT_WORDS) + 1]; // + 1: tq_mma_bits_rt
@@ -195,26 +234,22 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const int g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
     const int C = p.tpg * p.gqa; // valid columns (<= 8)
+    TQ_FA_PHASE(0);
 
-    // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
-    tq_mma_fill_lut<TK, D>(lutk, p.tab, tid);
-    if constexpr (!SAME) {
-        tq_mma_fill_lut<TV, D>(lutv, p.tab, tid);
-    }
-    if (tid < 16) {
-        sub[tid] = p.tab.sub[tid];
-    }
-
-    // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero)
+    // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero).
+    // The prologue is most of a block's time at a short KV (NOTES.md v14): the query's loads go first, all in flight
+    // together, then the mask scan's, and the pair tables are built while they land.
     uint32_t qa[NB][8][2];
     {
-        float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
-        for (int i = tid; i < 8 * D; i += blockDim.x) {
-            const int c = i / D, d = i % D;
+        constexpr int NT = TQ_MMA_WARPS * 32, QPT = 8 * D / NT; // query values per thread
+        float qv[QPT];
+#pragma unroll
+        for (int u = 0; u < QPT; ++u) {
+            const int i = tid + NT * u, c = i / D, d = i % D;
             const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
-            const bool valid = c < C && tk < p.n_q;
-            qs[i] = valid ? *reinterpret_cast<const float *>(p.Q + z * p.nb03 + h * p.nb02 + tk * p.nb01 + 4 * d) * p.scale
-                          : 0.0f;
+            qv[u] = c < C && tk < p.n_q
+                        ? *reinterpret_cast<const float *>(p.Q + z * p.nb03 + h * p.nb02 + tk * p.nb01 + 4 * d)
+                        : 0.0f;
         }
         { // single pass (short KV): the keys that some column's mask leaves open; the loop below runs over [first,
           // last] only (a decode step's KV is padded to 256 cells, most of them masked at a short depth; a sliding
@@ -258,7 +293,21 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                 krange[1][warp] = ke;
             }
         }
+        // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
+        tq_mma_fill_lut<TK, D>(lutk, p.tab, tid);
+        if constexpr (!SAME) {
+            tq_mma_fill_lut<TV, D>(lutv, p.tab, tid);
+        }
+        if (tid < 16) {
+            sub[tid] = p.tab.sub[tid];
+        }
+        float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
+#pragma unroll
+        for (int u = 0; u < QPT; ++u) {
+            qs[tid + NT * u] = qv[u] * p.scale;
+        }
         __syncthreads();
+        TQ_FA_PHASE(1);
         for (int r = warp; r < 8 * NB; r += TQ_MMA_WARPS) { // q_rot = H D q / sqrt(128) per 128 slice
             if (r % 8 >= C) {
                 continue; // a padding row: zero, and so is its rotation (warp-uniform)
@@ -276,6 +325,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             }
         }
         __syncthreads();
+        TQ_FA_PHASE(2);
         const float * q = qs + g * D;
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
@@ -295,6 +345,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         __syncthreads(); // qs (the staging buffer) is reused below
     }
+    TQ_FA_PHASE(3);
     const char * lk = reinterpret_cast<const char *>(lutk);
     const char * lv = reinterpret_cast<const char *>(SAME ? lutk : lutv);
     // the lanes' copy offsets, opaque to the compiler: otherwise it re-derives them from the lane id inside every
@@ -537,6 +588,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         __syncwarp(); // the stage just read is refilled by the next iteration's load
     }
     tq_mma_cp_wait<0>();
+    TQ_FA_PHASE(4);
 
     // ---- merge the warps: column sums over the 8 lanes of a t, then max / sum per column through shared memory
 #pragma unroll
@@ -581,6 +633,39 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             }
         }
     }
+    if (OUT_SLOTS == 4 && p.dst != nullptr) { // single pass: every warp parks its O^T, a warp per output row sums
+                                              // the four in the fixed order (w0 + w2) + (w1 + w3) and writes it
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    xb_at(warp, b, i, r >> 1, r & 1) = oacc[b][i][r];
+                }
+            }
+        }
+        tq_mma_single_pass_fac(p, red, fac, kvh, tid);
+        __syncthreads();
+        TQ_FA_PHASE(5);
+        for (int c = warp; c < C; c += TQ_MMA_WARPS) {
+            const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
+            if (tk >= p.n_q) {
+                continue;
+            }
+            const float * x0 = xb + c * D, * x1 = x0 + 8 * D, * x2 = x1 + 8 * D, * x3 = x2 + 8 * D;
+            float o[D / 32];
+#pragma unroll
+            for (int r = 0; r < D / 32; ++r) {
+                const int d = lane + 32 * r;
+                o[r] = ((x0[d] + x2[d]) + (x1[d] + x3[d])) * fac[c];
+            }
+            tq_fa_out_row<D, 128>(o, lane, p.tab,
+                                  reinterpret_cast<float *>(p.dst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
+        }
+        TQ_FA_PHASE(6);
+        return;
+    }
 #pragma unroll 1
     for (int round = 0; round < 2; ++round) {
         const int n_send = round == 0 ? 2 : 1; // round 0: w2 -> w0, w3 -> w1; round 1: w1 -> w0
@@ -611,6 +696,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         __syncthreads();
     }
+    TQ_FA_PHASE(5);
     if (p.dst != nullptr) { // single pass: the merge's work for one chunk, here (no partials, no merge launch)
         if (warp == 0) { // O^T to slot 0, column c at c * D (every reader of the slots passed the barrier above)
 #pragma unroll
@@ -624,24 +710,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                 }
             }
         }
-        if (tid < 8) { // column tid: 1 / l, with the sink's term as the merge adds it
-            float m = -INFINITY, l = 0.0f;
-#pragma unroll
-            for (int w = 0; w < TQ_MMA_WARPS; ++w) {
-                m = fmaxf(m, red[0][w][tid]);
-            }
-#pragma unroll
-            for (int w = 0; w < TQ_MMA_WARPS; ++w) {
-                l += red[0][w][tid] == -INFINITY ? 0.0f : red[1][w][tid] * __expf(red[0][w][tid] - m);
-            }
-            float f = m == -INFINITY ? 0.0f : 1.0f;
-            if (p.sinks != nullptr) {
-                const float sk = p.sinks[kvh * p.gqa + tid % p.gqa], mx = fmaxf(m, sk);
-                f = m == -INFINITY ? 0.0f : __expf(m - mx);
-                l = l * f + __expf(sk - mx);
-            }
-            fac[tid] = l > 0.0f ? f / l : 0.0f;
-        }
+        tq_mma_single_pass_fac(p, red, fac, kvh, tid);
         __syncthreads();
         for (int c = warp; c < C; c += TQ_MMA_WARPS) { // a warp per output row
             const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
@@ -656,6 +725,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             tq_fa_out_row<D, 128>(o, lane, p.tab,
                                   reinterpret_cast<float *>(p.dst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
         }
+        TQ_FA_PHASE(6);
         return;
     }
     const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * p.ncol;
