@@ -19,13 +19,15 @@ namespace {
 
 // Keeps a graph that sets mu from being reused after mu is set, and a graph that reads mu from being reused while
 // mu is unset (the cache was emptied). set_input runs right before the graph computes.
+// A graph built while mu is unset that does not set it (a one-token first ubatch) fixes mu = 0 (marks it ready).
 class llm_graph_input_tq_keys : public llm_graph_input_i {
 public:
-    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool sets_mu) : keys(keys), sets_mu(sets_mu) {}
+    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool sets_mu, bool marks_ready) :
+        keys(keys), sets_mu(sets_mu), marks_ready(marks_ready) {}
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_UNUSED(ubatch);
-        if (sets_mu) {
+        if (marks_ready && !keys->is_mu_ready()) {
             keys->set_mu_ready();
         }
     }
@@ -38,6 +40,7 @@ public:
 private:
     const llama_tq_keys * keys;
     bool sets_mu;
+    bool marks_ready;
 };
 
 // s^4 = g_q^2 / g_k^2 per channel from the QK-norm gains, averaged over RoPE pairs, geometric mean 1, in [1/16, 16].
@@ -287,7 +290,7 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     }
     if (center && center_ok) {
         k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
-        const bool sets_mu = !mu_ready;
+        const bool sets_mu = !mu_ready && k->ne[2] > 1; // a one-token first ubatch leaves mu = 0 (reset)
         ggml_tensor * mu = row(ctx, L, ROW_MU);
         if (sets_mu) {
             // mean over the ubatch's tokens, shrunk towards 0: sum / (n + 16)
@@ -298,10 +301,20 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
             mu = m;
         }
         k = ggml_sub(ctx, k, mu);
-        res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu));
+        res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu, !mu_ready));
     }
     if (equalize) {
         k = ggml_mul(ctx, k, row(ctx, L, ROW_S));
+    }
+}
+
+void llama_tq_keys::reset() {
+    mu_ready = false;
+    drop_mu_host();
+    for (auto & [il, L] : layers) { // mu = 0 until a first ubatch of more than one token sets it
+        if (L.t != nullptr) {
+            ggml_backend_tensor_memset(L.t, 0, ROW_MU * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        }
     }
 }
 

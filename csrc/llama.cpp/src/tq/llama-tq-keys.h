@@ -14,7 +14,9 @@
 //   mu from the first ubatch written into an empty cache, shrunk towards 0 as sum / (n + 16) so that a short first
 //      ubatch cannot make keys larger, on the RoPE pairs that turn by at most 1 rad over the context this cache
 //      serves (n_ctx, not the trained context: a post-RoPE mean of faster pairs would not stay aligned with later
-//      keys); fixed until the cache is empty again. It is part of the saved state.
+//      keys); fixed until the cache is empty again. It is part of the saved state. A first ubatch of one token
+//      (decoding from an empty cache) sets mu = 0 instead (its mean would be 1/17 of one key): so the first step's
+//      graph is the later steps' graph, and a CUDA graph is not re-captured after every cache clear.
 // Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
@@ -57,11 +59,8 @@ public:
     // saves two mat-muls per layer).
     bool equalizes() const { return equalize; }
 
-    // The cache became empty: the next ubatch sets a new mu.
-    void reset() {
-        mu_ready = false;
-        drop_mu_host();
-    }
+    // The cache became empty: the next ubatch sets a new mu (zero until then).
+    void reset();
 
     // Graph: q' = q / s, k' = (k - mu) * s for layer il (before upstream's rotation). center = false where a shift of
     // the logits is not exact (sinks, soft-capping). Adds a graph input that keeps a graph that sets mu from being

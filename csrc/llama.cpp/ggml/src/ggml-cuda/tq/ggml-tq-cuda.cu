@@ -190,6 +190,8 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
     tq_cu_tables_load<N>(t, tab, threadIdx.x);
+    tq_pdl_wait();
+    tq_pdl_trigger(); // the FA kernel that reads these blocks may build its pair tables meanwhile
     if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
         tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x,
                                                     j0.mu, j0.s, &j0.rope);
@@ -514,13 +516,13 @@ static void tq_quantize_rows2(int b0, int b1, const tq_rows_job & j0, const tq_r
     const dim3 grid((unsigned) (j0.n + j1.n));
     const tq_cu_tables & tab = tq_tables();
     if (b0 == 3 && b1 == 3) {
-        k_tq_quantize_rows2<3, 3, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+        tq_launch(k_tq_quantize_rows2<3, 3, N, int64_t>, grid, N, stream, j0, j1, tab);
     } else if (b0 == 3) {
-        k_tq_quantize_rows2<3, 4, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+        tq_launch(k_tq_quantize_rows2<3, 4, N, int64_t>, grid, N, stream, j0, j1, tab);
     } else if (b1 == 3) {
-        k_tq_quantize_rows2<4, 3, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+        tq_launch(k_tq_quantize_rows2<4, 3, N, int64_t>, grid, N, stream, j0, j1, tab);
     } else {
-        k_tq_quantize_rows2<4, 4, N, int64_t><<<grid, N, 0, stream>>>(j0, j1, tab);
+        tq_launch(k_tq_quantize_rows2<4, 4, N, int64_t>, grid, N, stream, j0, j1, tab);
     }
     CUDA_CHECK(cudaGetLastError());
 }

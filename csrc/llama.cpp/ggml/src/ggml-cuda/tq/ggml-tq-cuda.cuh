@@ -5,6 +5,28 @@
 #include "common.cuh"
 #include "convert.cuh"
 
+#include <cstdlib>
+#include <utility>
+
+// Launches a kernel of a decode step (the fused K/V write, the tensor-core FA kernel) as upstream launches its own:
+// with programmatic dependent launch on sm_90+ (ggml_cuda_kernel_launch; off with GGML_CUDA_PDL=0), so the step's
+// chain of small kernels does not stall at ours. The kernels wait (tq_pdl_wait) before they touch graph memory and
+// let the next kernel launch (tq_pdl_trigger) once little of their work is left. LLAMA_TQ_CUDA_PDL=0: plain launches.
+template <typename Kernel, typename... Args>
+static void tq_launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream, Args &&... args) {
+    static const bool pdl = [] {
+        const char * e = getenv("LLAMA_TQ_CUDA_PDL");
+        return e == nullptr || atoi(e) != 0;
+    }();
+    if (pdl) {
+        ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, block, (size_t) 0, stream),
+                                std::forward<Args>(args)...);
+        return;
+    }
+    kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 static inline bool ggml_cuda_tq_is_tq(ggml_type t) {
     return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ||
            t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96;

@@ -16,6 +16,21 @@
 #include "tq_codec.h"
 
 
+// Programmatic dependent launch (tq_launch in ggml-tq-cuda.cuh): a kernel launched with the attribute may start
+// while its predecessor still runs, so it must call tq_pdl_wait() before it reads or writes memory of the graph
+// (before: only its parameters and shared memory). tq_pdl_trigger() lets the next kernel launch; that one still
+// waits for this one to finish. Both are no-ops in a plain launch.
+static __device__ __forceinline__ void tq_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUDART_VERSION >= 11080
+    cudaGridDependencySynchronize();
+#endif
+}
+static __device__ __forceinline__ void tq_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && CUDART_VERSION >= 11080
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 struct tq_cu_tables {
     float cent3[8];
     float cent4[16];

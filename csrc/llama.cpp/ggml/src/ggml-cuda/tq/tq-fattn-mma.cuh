@@ -236,9 +236,20 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const int C = p.tpg * p.gqa; // valid columns (<= 8)
     TQ_FA_PHASE(0);
 
+    // pair tables: entry e = a | b << bits holds half2(c[a], c[b]); built before the wait for the previous kernel
+    // (the K/V write, launched with PDL: tq_launch), so they overlap its tail
+    tq_mma_fill_lut<TK, D>(lutk, p.tab, tid);
+    if constexpr (!SAME) {
+        tq_mma_fill_lut<TV, D>(lutv, p.tab, tid);
+    }
+    if (tid < 16) {
+        sub[tid] = p.tab.sub[tid];
+    }
+    tq_pdl_wait();
+
     // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero).
     // The prologue is most of a block's time at a short KV (NOTES.md v14): the query's loads go first, all in flight
-    // together, then the mask scan's, and the pair tables are built while they land.
+    // together, then the mask scan's.
     uint32_t qa[NB][8][2];
     {
         constexpr int NT = TQ_MMA_WARPS * 32, QPT = 8 * D / NT; // query values per thread
@@ -292,14 +303,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                 krange[0][warp] = kb;
                 krange[1][warp] = ke;
             }
-        }
-        // pair tables: entry e = a | b << bits holds half2(c[a], c[b])
-        tq_mma_fill_lut<TK, D>(lutk, p.tab, tid);
-        if constexpr (!SAME) {
-            tq_mma_fill_lut<TV, D>(lutv, p.tab, tid);
-        }
-        if (tid < 16) {
-            sub[tid] = p.tab.sub[tid];
         }
         float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
 #pragma unroll
@@ -589,6 +592,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
     tq_mma_cp_wait<0>();
     TQ_FA_PHASE(4);
+    tq_pdl_trigger(); // the next kernel may launch during the merge and output (~1 us at a short KV)
 
     // ---- merge the warps: column sums over the 8 lanes of a t, then max / sum per column through shared memory
 #pragma unroll

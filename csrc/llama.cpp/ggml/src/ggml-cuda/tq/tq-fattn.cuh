@@ -38,7 +38,7 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
                 p.dnb1 = dst->nb[1]; p.dnb2 = dst->nb[2]; p.dnb3 = dst->nb[3];
                 p.sinks = sinks ? (const float *) sinks->data : nullptr;
             }
-            tq_fa_mma_kernel<D, TK, TV><<<grid, TQ_MMA_WARPS * 32, 0, stream>>>(p);
+            tq_launch(tq_fa_mma_kernel<D, TK, TV>, grid, TQ_MMA_WARPS * 32, stream, p);
             mma = true;
         }
     }
