@@ -287,6 +287,9 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
         ggml_tensor * inv =
             ggml_view_4d(ctx, L.t, head_dim, 1, hkv, 1, head_dim * f, head_dim * f, L.n * f, ROW_INV_S * L.n * f);
         q = ggml_reshape_3d(ctx, ggml_mul(ctx, q4, inv), head_dim, nh, nt);
+        // into the graph now, ahead of the K/V writes: then the FA node directly follows the writes, and on CUDA
+        // it may read Q before waiting for them (tq_fa_params::q_early)
+        ggml_build_forward_expand(gf, q);
     }
     if (center && center_ok) {
         k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);

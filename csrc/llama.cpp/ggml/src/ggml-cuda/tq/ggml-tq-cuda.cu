@@ -498,6 +498,9 @@ static bool tq_overlap(const ggml_tensor * a, const ggml_tensor * b) { // byte r
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
+// The FA node that directly follows the last fused K/V write launched on this thread (tq_fa_params::q_early).
+static thread_local const ggml_tensor * tq_fa_q_early_node = nullptr;
+
 static tq_rows_job tq_job_of(const ggml_tensor * dst) {
     const ggml_tensor * a = dst->src[0], * b = dst->src[1];
     tq_rows_job j;
@@ -711,6 +714,17 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
         return 0;
     }
     const int b1 = pair ? tq_bits_of(v->type) : b0;
+    if (pair) { // the FA node that reads these caches, when it is the next kernel: it may read Q before its PDL wait
+        int f = j + 1;
+        while (f < cgraph->n_nodes && f <= j + 8 && tq_is_noop(cgraph->nodes[f])) {
+            ++f;
+        }
+        const ggml_tensor * fa = f < cgraph->n_nodes && f <= j + 8 ? cgraph->nodes[f] : nullptr;
+        tq_fa_q_early_node = fa != nullptr && fa->op == GGML_OP_FLASH_ATTN_EXT && fa->src[1] != nullptr &&
+                                     fa->src[2] != nullptr && tq_overlap(fa->src[1], k) && tq_overlap(fa->src[2], v)
+                                 ? fa
+                                 : nullptr;
+    }
     if (tq_block_n_of(k->type) == TQ_BLOCK) {
         tq_quantize_rows2<TQ_BLOCK>(b0, b1, j0, j1, ctx.stream());
     } else if (tq_block_n_of(k->type) == TQ_BLOCK_96) {
@@ -814,6 +828,8 @@ void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst,
     const ggml_tensor * mask = dst->src[3];
 
     memset(&p, 0, sizeof p);
+    p.q_early = dst == tq_fa_q_early_node && mma;
+    tq_fa_q_early_node = nullptr;
     p.Q = (const char *) Q->data;
     p.K = (const char *) K->data;
     p.V = (const char *) V->data;

@@ -80,6 +80,10 @@ struct tq_fa_params {
     const float * sinks;
     float scale, softcap, m0, m1, max_bias;
     int n_head_log2;
+    // the tensor-core kernel may read Q and the mask before its PDL wait: its predecessor is the fused K/V write,
+    // which triggers only after its own wait, so whatever came before the write (Q's RoPE) is complete
+    // (ggml_cuda_tq_try_fuse marks such an FA node)
+    int q_early;
     tq_cu_tables tab;
 };
 

@@ -245,7 +245,9 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     if (tid < 16) {
         sub[tid] = p.tab.sub[tid];
     }
-    tq_pdl_wait();
+    if (!p.q_early) {
+        tq_pdl_wait();
+    }
 
     // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero).
     // The prologue is most of a block's time at a short KV (NOTES.md v14): the query's loads go first, all in flight
@@ -303,6 +305,9 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                 krange[0][warp] = kb;
                 krange[1][warp] = ke;
             }
+        }
+        if (p.q_early) { // the K/V tiles (the new token's cell) only after the write has finished
+            tq_pdl_wait();
         }
         float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
 #pragma unroll
