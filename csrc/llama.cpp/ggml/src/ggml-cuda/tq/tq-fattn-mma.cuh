@@ -167,19 +167,27 @@ static __device__ __forceinline__ uint32_t tq_mma_spread3(uint32_t x) {
     return (x & 0x00070007u) | ((x & 0x00380038u) << 5);
 }
 
+// Column c's max and sum of exponentials over the warps (red: each warp's).
+static __device__ __forceinline__ float2 tq_mma_col_ml(const float (&red)[2][TQ_MMA_WARPS][8], int c) {
+    float m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+        m = fmaxf(m, red[0][w][c]);
+    }
+#pragma unroll
+    for (int w = 0; w < TQ_MMA_WARPS; ++w) {
+        l += red[0][w][c] == -INFINITY ? 0.0f : red[1][w][c] * __expf(red[0][w][c] - m);
+    }
+    return make_float2(m, l);
+}
+
 // Single pass: each column's output factor 1 / l (threads 0..7, column tid), with the sink's term as the merge adds it.
 static __device__ __forceinline__ void tq_mma_single_pass_fac(const tq_fa_params & p, const float (&red)[2][TQ_MMA_WARPS][8],
                                                               float * fac, int kvh, int tid) {
     if (tid < 8) {
-        float m = -INFINITY, l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
-            m = fmaxf(m, red[0][w][tid]);
-        }
-#pragma unroll
-        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
-            l += red[0][w][tid] == -INFINITY ? 0.0f : red[1][w][tid] * __expf(red[0][w][tid] - m);
-        }
+        const float2 ml = tq_mma_col_ml(red, tid);
+        const float m = ml.x;
+        float l = ml.y;
         float f = m == -INFINITY ? 0.0f : 1.0f;
         if (p.sinks != nullptr) {
             const float sk = p.sinks[kvh * p.gqa + tid % p.gqa], mx = fmaxf(m, sk);
@@ -755,16 +763,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
     }
     if (tid < p.ncol) {
-        float m = -INFINITY, l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
-            m = fmaxf(m, red[0][w][tid]);
-        }
-#pragma unroll
-        for (int w = 0; w < TQ_MMA_WARPS; ++w) {
-            l += red[0][w][tid] == -INFINITY ? 0.0f : red[1][w][tid] * __expf(red[0][w][tid] - m);
-        }
-        p.ml[base + tid] = make_float2(m, l);
+        p.ml[base + tid] = tq_mma_col_ml(red, tid);
     }
 #endif // __CUDA_ARCH__ >= 800
 }
