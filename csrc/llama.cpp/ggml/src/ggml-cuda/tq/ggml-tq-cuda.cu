@@ -498,7 +498,8 @@ static bool tq_overlap(const ggml_tensor * a, const ggml_tensor * b) { // byte r
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
-// The FA node that directly follows the last fused K/V write launched on this thread (tq_fa_params::q_early).
+// The FA node that directly follows the last fused K/V write launched on this thread (tq_fa_params::q_early);
+// cleared by ggml_cuda_tq_try_fuse at any other computed node, and by the FA launch that reads it.
 static thread_local const ggml_tensor * tq_fa_q_early_node = nullptr;
 
 static tq_rows_job tq_job_of(const ggml_tensor * dst) {
@@ -611,6 +612,9 @@ static bool tq_rope_foldable(const ggml_tensor * rope, tq_rope_fold & r) {
 }
 
 int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    if (cgraph->nodes[i] != tq_fa_q_early_node) {
+        tq_fa_q_early_node = nullptr; // q_early holds only for the very next computed node after the write
+    }
     // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
     auto is_write = [](const ggml_tensor * t) {
         return t->op == GGML_OP_SET_ROWS && ggml_cuda_tq_is_tq(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
