@@ -119,16 +119,17 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "source",
+    ("source", "defines"),
     [
-        "tests/cuda/tq_quant_exact.cu",
-        "bench/cuda/fa_decode_bench.cu",
-        "bench/cuda/carveout_bench.cu",
-        "bench/cuda/param_size_bench.cu",
-        "bench/cuda/tq_convert_bench.cu",
+        ("tests/cuda/tq_quant_exact.cu", []),
+        ("bench/cuda/fa_decode_bench.cu", []),
+        ("bench/cuda/fa_decode_bench.cu", ["-DTQ_FA_PHASES"]),  # `fa_decode_bench phases` (v14_fa_prologue)
+        ("bench/cuda/carveout_bench.cu", []),
+        ("bench/cuda/param_size_bench.cu", []),
+        ("bench/cuda/tq_convert_bench.cu", []),
     ],
 )
-def test_standalone_gpu_programs_build(source: str, tmp_path: Path) -> None:
+def test_standalone_gpu_programs_build(source: str, defines: list[str], tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
     shared-memory carveout and parameter-size probes of bench/results/cuda/v12_rope_fold, the prefill converter's
     speed probe of v13_convert)."""
@@ -139,8 +140,8 @@ def test_standalone_gpu_programs_build(source: str, tmp_path: Path) -> None:
     )
     exe = tmp_path / Path(source).stem
     proc = nvcc(
-        ["-std=c++17", "-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / CUDA_SRC), str(REPO / source), str(codec),
-         "-o", str(exe)],
+        ["-std=c++17", *defines, "-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / CUDA_SRC), str(REPO / source),
+         str(codec), "-o", str(exe)],
         tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
