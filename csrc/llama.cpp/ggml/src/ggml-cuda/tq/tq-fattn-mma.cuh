@@ -640,6 +640,18 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     auto xb_at = [&](int slot, int b, int i, int e, int c) -> float & {
         return xb[(slot * 8 + 2 * t + c) * D + 128 * b + 32 * (i >> 1) + 4 * g + 2 * (i & 1) + e];
     };
+    auto park = [&](int slot) { // this warp's O^T into a slot, column c at (slot * 8 + c) * D
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    xb_at(slot, b, i, r >> 1, r & 1) = oacc[b][i][r];
+                }
+            }
+        }
+    };
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
 #pragma unroll
@@ -652,16 +664,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
     if (OUT_SLOTS == 4 && p.dst != nullptr) { // single pass: every warp parks its O^T, a warp per output row sums
                                               // the four in the fixed order (w0 + w2) + (w1 + w3) and writes it
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    xb_at(warp, b, i, r >> 1, r & 1) = oacc[b][i][r];
-                }
-            }
-        }
+        park(warp);
         tq_mma_single_pass_fac(p, red, fac, kvh, tid);
         __syncthreads();
         TQ_FA_PHASE(5);
@@ -687,16 +690,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     for (int round = 0; round < 2; ++round) {
         const int n_send = round == 0 ? 2 : 1; // round 0: w2 -> w0, w3 -> w1; round 1: w1 -> w0
         if (warp >= n_send && warp < 2 * n_send) {
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        xb_at(warp - n_send, b, i, r >> 1, r & 1) = oacc[b][i][r];
-                    }
-                }
-            }
+            park(warp - n_send);
         }
         __syncthreads();
         if (warp < n_send) {
@@ -716,16 +710,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     TQ_FA_PHASE(5);
     if (p.dst != nullptr) { // single pass: the merge's work for one chunk, here (no partials, no merge launch)
         if (warp == 0) { // O^T to slot 0, column c at c * D (every reader of the slots passed the barrier above)
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        xb_at(0, b, i, r >> 1, r & 1) = oacc[b][i][r];
-                    }
-                }
-            }
+            park(0);
         }
         tq_mma_single_pass_fac(p, red, fac, kvh, tid);
         __syncthreads();
