@@ -300,8 +300,8 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
             ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k, 1, 2, 0, 3));  // [T, D, H]
             ggml_tensor * m = ggml_scale(ctx, ggml_sum_rows(ctx, kt), 1.0f / (float) (k->ne[2] + 16));
             m = ggml_mul(ctx, ggml_reshape_3d(ctx, m, head_dim, hkv, 1), row(ctx, L, ROW_CENTER_MASK));  // slow pairs only
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, m, mu));
-            mu = m;
+            // the SUB reads the stored mu (one chain CONT .. CPY SUB: CUDA runs the mean's nodes as one launch)
+            mu = ggml_cpy(ctx, m, mu);
         }
         k = ggml_sub(ctx, k, mu);
         res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu, !mu_ready));

@@ -3,6 +3,7 @@
 #include "ggml-tq-cuda.cuh"
 
 #include <cstring>
+#include <functional>
 
 #include "fattn.cuh"
 #include "tq-cuda-codec.cuh"
@@ -611,6 +612,93 @@ static bool tq_rope_foldable(const ggml_tensor * rope, tq_rope_fold & r) {
     return true;
 }
 
+// The key mean of a first ubatch (llama-tq-keys.cpp): mu = sum_t x[:, t] * scale * mask over x [DH, T] (the keys
+// after RoPE), which the graph spells CONT(PERMUTE) SUM_ROWS SCALE MUL CPY: four launches and a transposed copy of
+// the ubatch's keys (~16 µs a layer of a 512-token ubatch on an H100). One launch instead: 32 columns per CTA, a
+// column's tokens in 32 slices (threads y, all loads of a slice in flight) summed in double, then the 32 partial
+// sums of a column added by one warp in a fixed butterfly order (deterministic run to run; the CPU sums in
+// sequence, so the two may differ in the last bit of mu).
+static __global__ void __launch_bounds__(1024) k_tq_key_mean(const float * __restrict__ x, int64_t dh, int64_t T,
+                                                             float scale, const float * __restrict__ mask,
+                                                             float * m, float * mu) {
+    __shared__ double part[32][33];
+    const int64_t c0 = (int64_t) blockIdx.x * 32;
+    double acc = 0.0;
+    if (c0 + threadIdx.x < dh) {
+#pragma unroll 16
+        for (int64_t t = threadIdx.y; t < T; t += 32) {
+            acc += (double) x[t * dh + c0 + threadIdx.x];
+        }
+    }
+    part[threadIdx.x][threadIdx.y] = acc; // [column][slice]
+    __syncthreads();
+    const int64_t j = c0 + threadIdx.y; // warp y sums column y's slices
+    double s = part[threadIdx.y][threadIdx.x];
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, d);
+    }
+    if (threadIdx.x == 0 && j < dh) {
+        const float v = __fmul_rn(__fmul_rn(__double2float_rn(s), scale), mask[j]);
+        if (m != nullptr) {
+            m[j] = v;
+        }
+        mu[j] = v;
+    }
+}
+
+// Node i a CONT of the first ubatch's key-mean chain (see k_tq_key_mean): runs the chain in one launch and returns
+// the nodes consumed after node i, or 0.
+static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
+                           const std::function<int(int)> & next_real) {
+    const ggml_tensor * c = cgraph->nodes[i];
+    const ggml_tensor * p = c->src[0];
+    const ggml_tensor * x = p != nullptr ? p->src[0] : nullptr;
+    // CONT of PERMUTE(x, 1, 2, 0, 3), x contiguous f32 [D, H, T]: c [T, D, H] = the keys' columns as rows
+    if (c->op != GGML_OP_CONT || c->type != GGML_TYPE_F32 || p->op != GGML_OP_PERMUTE || x == nullptr ||
+        x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) || x->ne[3] != 1 || p->data != x->data ||
+        p->nb[0] != x->nb[2] || p->nb[1] != x->nb[0] || p->nb[2] != x->nb[1] || p->ne[3] != 1) {
+        return 0;
+    }
+    const int64_t dh = x->ne[0] * x->ne[1], T = x->ne[2];
+    const int is = next_real(i);
+    const ggml_tensor * sum = is >= 0 ? cgraph->nodes[is] : nullptr;
+    if (sum == nullptr || sum->op != GGML_OP_SUM_ROWS || sum->src[0] != c || sum->type != GGML_TYPE_F32) {
+        return 0;
+    }
+    const int isc = next_real(is);
+    const ggml_tensor * sc = isc >= 0 ? cgraph->nodes[isc] : nullptr;
+    float scale = 0.0f, bias = 1.0f;
+    if (sc != nullptr && sc->op == GGML_OP_SCALE && sc->src[0] == sum) {
+        memcpy(&scale, (const float *) sc->op_params + 0, sizeof(float));
+        memcpy(&bias, (const float *) sc->op_params + 1, sizeof(float));
+    }
+    if (bias != 0.0f || !ggml_is_contiguous(sc)) {
+        return 0;
+    }
+    const int im = next_real(isc);
+    const ggml_tensor * mul = im >= 0 ? cgraph->nodes[im] : nullptr;
+    if (mul == nullptr || mul->op != GGML_OP_MUL || mul->type != GGML_TYPE_F32 || !ggml_is_contiguous(mul) ||
+        ggml_nelements(mul) != dh || mul->src[0]->data != sc->data ||
+        (mul->src[0] != sc && mul->src[0]->view_src != sc) || !ggml_are_same_shape(mul->src[0], mul->src[1]) ||
+        mul->src[1]->type != GGML_TYPE_F32 || !ggml_is_contiguous(mul->src[1])) {
+        return 0;
+    }
+    const int ic = next_real(im);
+    const ggml_tensor * cp = ic >= 0 ? cgraph->nodes[ic] : nullptr;
+    if (cp == nullptr || cp->op != GGML_OP_CPY || cp->src[0] != mul || cp->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous(cp) || ggml_nelements(cp) != dh || tq_overlap(cp, x) || tq_overlap(cp, mul->src[1]) ||
+        tq_read_elsewhere(cgraph, c, i, ic) || tq_read_elsewhere(cgraph, sum, i, ic) ||
+        tq_read_elsewhere(cgraph, sc, i, ic)) {
+        return 0;
+    }
+    float * m = tq_read_elsewhere(cgraph, mul, i, ic) ? (float *) mul->data : nullptr;
+    k_tq_key_mean<<<(unsigned) ((dh + 31) / 32), dim3(32, 32), 0, ctx.stream()>>>(
+        (const float *) x->data, dh, T, scale, (const float *) mul->src[1]->data, m, (float *) cp->data);
+    CUDA_CHECK(cudaGetLastError());
+    return ic - i;
+}
+
 int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     if (cgraph->nodes[i] != tq_fa_q_early_node) {
         tq_fa_q_early_node = nullptr; // q_early holds only for the very next computed node after the write
@@ -630,6 +718,9 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     };
     if (!ctx.stream_context().concurrent_events.empty()) {
         return 0; // (graph optimization's concurrent streams may put the nodes on different streams)
+    }
+    if (cgraph->nodes[i]->op == GGML_OP_CONT) {
+        return tq_try_key_mean(ctx, cgraph, i, next_real);
     }
     const int first = i;
     // K's RoPE folded into the K write: ROPE views [SUB [MUL] views] SET_ROWS, where nothing else reads the ROPE's
