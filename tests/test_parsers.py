@@ -108,3 +108,25 @@ def test_eviction_configs_name_every_run() -> None:
     (nopool,) = evict.configs([KvConfig.parse("f16/f16")], 1024, (50,), {"V3-nopool": evict.POLICIES["V3-nopool"]},
                               256, 64)[1:]  # fmt: skip
     assert dict(nopool.env)["TRIATT_POOL"] == "0" and dict(nopool.env)["TRIATT_HYBRID"] == "2"
+
+
+def test_fa_bandwidth_bytes_and_fraction() -> None:
+    """scripts/gpu/fa_bandwidth.py: K and V bytes per FA decode case from the types' row sizes, over the copy's rate."""
+    import importlib.util
+
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "fa_bandwidth.py"
+    spec = importlib.util.spec_from_file_location("fa_bandwidth", script)
+    assert spec is not None and spec.loader is not None
+    fb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fb)
+    assert fb.row_bytes("tq3", 256) == 104 and fb.row_bytes("q8_0", 128) == 136 and fb.row_bytes("f16", 128) == 256
+    with pytest.raises(ValueError):
+        fb.row_bytes("tq3", 96)
+    perf = ("FLASH_ATTN_EXT(hsk=128,hsv=128,nh=8,nr23=[4,4],kv=32768,nb=1,mask=1,sinks=0,max_bias=0.000000,"
+            "logit_softcap=0.000000,prec=f32,type_K=tq3,type_V=f16,permute=[0,1,2,3],kv_view=1): "
+            "10 runs - 100.00 us/run - 2.15 GFLOP/run\n")  # fmt: skip
+    out = fb.table(perf, "f16 copy of 1000000 values: 2.00 us (2000 GB/s read + write)\n")
+    # 32768 cells x 8 heads x 4 sequences x (52 + 256) bytes = 322.96 MB in 100 µs = 3.23 TB/s; the copy 2.00 TB/s
+    assert "| 128 | 8 x 4 | 4 | 32768 | tq3/f16 | 100.00 | 323 | 3.23 | 161 % |" in out
+    with pytest.raises(SystemExit):
+        fb.table(perf, "")

@@ -6,12 +6,14 @@
 #          the GPU dequantizer, bit for bit (tests/cuda)
 #   convert  the prefill converter (TQ -> f16 of a whole cache) against a device copy (bench/cuda/tq_convert_bench.cu)
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
-#   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side
+#   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
+#   bandwidth fa_bandwidth.md: each FA decode case's KV read rate against the device copy (perf and convert stages'
+#          logs, scripts/gpu/fa_bandwidth.py)
 #   evict  TriAttention eviction on the GPU and on the CPU (-ngl 99 / 0): a head-128 synthetic model with a byte
 #          vocabulary, -c 2048 -b 512 -ub 128, V3 / StreamingLLM at 50 %: rounds, cells evicted, PPL, wall time; then
 #          the overhead stage
@@ -87,7 +89,7 @@ stage_ops() {
 
 stage_perf() {
     "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
-        -p 'hsk=128,hsv=128,nh=(4,nr23=\[4,1\],kv=32768|8,nr23=\[4,4\]|8,nr23=\[4,1\],kv=8192,nb=512,)' \
+        -p 'hsk=128,hsv=128,nh=(4,nr23=\[4,1\],kv=32768|8,nr23=\[4,4\]|8,nr23=\[4,1\],kv=8192,nb=512,)|hsk=256,hsv=256,nh=8,nr23=\[4,4\]' \
         > "$RES/fa_perf.log" 2>&1
     local rc=$?
     grep -E 'FLASH_ATTN_EXT' "$RES/fa_perf.log" | sed 's/  */ /g'
@@ -258,6 +260,10 @@ stage_overhead() {
                    t[k, "none"] / n[k, "none"], t[k, "2"] / n[k, "2"], (t[k, "2"] / n[k, "2"]) / (t[k, "none"] / n[k, "none"]) }' \
         "$sum" | sort | tee -a "$sum"
     return "$rc"
+}
+
+stage_bandwidth() {
+    python3 scripts/gpu/fa_bandwidth.py "$RES" > "$RES/fa_bandwidth.md" && cat "$RES/fa_bandwidth.md"
 }
 
 stage_summary() {
