@@ -250,12 +250,29 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
             }
         }
     } else if constexpr (TK == TQFA_F16) {
-        const half2 * r = reinterpret_cast<const half2 *>(kg);
+        if ((reinterpret_cast<uintptr_t>(kg) & 15u) == 0) {
+            // 16-byte loads: each thread reads its own key's row, so a warp's load touches 32 rows; 8 values a
+            // load instead of 2 take a quarter of the L1 wavefronts per byte (f16/tq3 410 -> 223 µs, NOTES.md v18)
+            const uint4 * r = reinterpret_cast<const uint4 *>(kg);
+#pragma unroll 4
+            for (int i = 0; i < D / 8; ++i) {
+                const uint4 u = r[i];
+                const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
+                    tq_fa_fma_q<C>(sc, v.x, qs + (8 * i + 2 * k) * C);
+                    tq_fa_fma_q<C>(sc, v.y, qs + (8 * i + 2 * k + 1) * C);
+                }
+            }
+        } else {
+            const half2 * r = reinterpret_cast<const half2 *>(kg);
 #pragma unroll 8
-        for (int i = 0; i < D / 2; ++i) {
-            const float2 v = __half22float2(r[i]);
-            tq_fa_fma_q<C>(sc, v.x, qs + (2 * i) * C);
-            tq_fa_fma_q<C>(sc, v.y, qs + (2 * i + 1) * C);
+            for (int i = 0; i < D / 2; ++i) {
+                const float2 v = __half22float2(r[i]);
+                tq_fa_fma_q<C>(sc, v.x, qs + (2 * i) * C);
+                tq_fa_fma_q<C>(sc, v.y, qs + (2 * i + 1) * C);
+            }
         }
     } else { // q8_0: 34-byte blocks {half d; int8 qs[32]}, 2-byte aligned
 #pragma unroll
@@ -552,8 +569,16 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         }
         __syncthreads();
 
-        for (int t = warp; t < nk; t += 4) {
-            tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+        if constexpr (TV == TQFA_F16 || TV == TQFA_Q8_0) {
+            // V rows straight from global memory: unrolled so that several rows' loads are in flight at once
+#pragma unroll 4
+            for (int t = warp; t < nk; t += 4) {
+                tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+            }
+        } else {
+            for (int t = warp; t < nk; t += 4) {
+                tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+            }
         }
         __syncthreads();
     }
