@@ -251,8 +251,9 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
         }
     } else if constexpr (TK == TQFA_F16) {
         if ((reinterpret_cast<uintptr_t>(kg) & 15u) == 0) {
-            // 16-byte loads: each thread reads its own key's row, so a warp's load touches 32 rows; 8 values a
-            // load instead of 2 take a quarter of the L1 wavefronts per byte (f16/tq3 410 -> 223 µs, NOTES.md v18)
+            // (the kernel stages f16 rows through shared memory when all of them are 16-byte aligned,
+            // tq_fa_score_f16_staged; this is for a tile whose rows are not) a thread reads its own key's row:
+            // 8 values a load where this row allows it take a quarter of the L1 wavefronts per byte of 2
             const uint4 * r = reinterpret_cast<const uint4 *>(kg);
 #pragma unroll 4
             for (int i = 0; i < D / 8; ++i) {
@@ -413,6 +414,55 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], c
     }
 }
 
+// Scores of f16 keys with 16-byte aligned rows, one key per lane (key r0 + lane of the tile at K, rows past nk read
+// row nk - 1): the warp stages its 32 rows through shared memory 32 values (64 bytes) at a time, four lanes per
+// row (coalesced: a load instruction covers 8 whole 64-byte segments), the next chunk's loads in flight while the
+// lanes score the current one. st: this warp's [32 rows][5] uint4 (stride 5: the 8 lanes of a shared-memory
+// phase read distinct 16-byte bank groups). A thread reading its own row instead touches 32 rows per load.
+template <int D, int C>
+static __device__ __forceinline__ void tq_fa_score_f16_staged(float (&sc)[C], const char * K, int64_t nb11, int r0,
+                                                              int nk, const float * qs, uint4 * st, int lane) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        sc[c] = 0.0f;
+    }
+    const char * src[4];
+    uint4 nxt[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) { // copy slot r: row e >> 2, 16 bytes (e & 3) of the chunk, e = lane + 32 r
+        const int e = lane + 32 * r;
+        src[r] = K + (int64_t) min(r0 + (e >> 2), nk - 1) * nb11 + 16 * (e & 3);
+        nxt[r] = *reinterpret_cast<const uint4 *>(src[r]);
+    }
+#pragma unroll
+    for (int ch = 0; ch < D / 32; ++ch) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int e = lane + 32 * r;
+            st[(e >> 2) * 5 + (e & 3)] = nxt[r];
+        }
+        __syncwarp();
+        if (ch + 1 < D / 32) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                nxt[r] = *reinterpret_cast<const uint4 *>(src[r] + 64 * (ch + 1));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint4 u = st[lane * 5 + j];
+            const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
+                tq_fa_fma_q<C>(sc, v.x, qs + (32 * ch + 8 * j + 2 * k) * C);
+                tq_fa_fma_q<C>(sc, v.y, qs + (32 * ch + 8 * j + 2 * k + 1) * C);
+            }
+        }
+        __syncwarp();
+    }
+}
+
 template <int D, int C, int TK, int TV>
 __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa_params p) {
     constexpr int SW = tq_fa_slice(TK, TV), NB = D / SW, VPL = SW / 32; // a TQ side has one block per slice
@@ -422,6 +472,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
 
     __shared__ __align__(16) float qs[D * C]; // the query; at the end the block's partial output
     __shared__ uint32_t kt[tq_fa_is_tq(TK) ? TQ_FA_TILE * KW + 1 : 1];
+    __shared__ uint4 kst[TK == TQFA_F16 ? 4 * 32 * 5 : 1]; // f16 K: each warp's staged rows (tq_fa_score_f16_staged)
     __shared__ uint32_t vt[tq_fa_is_tq(TV) ? TQ_FA_TILE * VW + 1 : 1]; // +1: the tq3 V decode of the last row reads one word past it
     __shared__ __align__(16) float ps[TQ_FA_TILE * C];
     __shared__ float cb[40]; // tq3 centroids, tq4 centroids, sub-block multipliers
@@ -525,8 +576,18 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         __syncthreads();
 
         float s[C];
+        bool staged = false;
+        if constexpr (TK == TQFA_F16) {
+            if (((reinterpret_cast<uintptr_t>(Kb) | (uintptr_t) p.nb11) & 15u) == 0) { // uniform over the block
+                tq_fa_score_f16_staged<D, C>(s, Kb + (int64_t) t0 * p.nb11, p.nb11, 32 * warp, nk, qs, kst + warp * 160,
+                                             lane);
+                staged = true;
+            }
+        }
         if (tid < nk) {
-            tq_fa_score<D, C, TK>(s, kt + tid * KW, Kb + (int64_t) (t0 + tid) * p.nb11, qs, cb);
+            if (!staged) {
+                tq_fa_score<D, C, TK>(s, kt + tid * KW, Kb + (int64_t) (t0 + tid) * p.nb11, qs, cb);
+            }
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 if (p.softcap != 0.0f) {
