@@ -3,7 +3,6 @@
 #include "ggml-tq-cuda.cuh"
 
 #include <cstring>
-#include <functional>
 
 #include "fattn.cuh"
 #include "tq-cuda-codec.cuh"
@@ -649,8 +648,9 @@ static __global__ void __launch_bounds__(1024) k_tq_key_mean(const float * __res
 
 // Node i a CONT of the first ubatch's key-mean chain (see k_tq_key_mean): runs the chain in one launch and returns
 // the nodes consumed after node i, or 0.
+template <typename NextReal>
 static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                           const std::function<int(int)> & next_real) {
+                           const NextReal & next_real) {
     const ggml_tensor * c = cgraph->nodes[i];
     const ggml_tensor * p = c->src[0];
     const ggml_tensor * x = p != nullptr ? p->src[0] : nullptr;
@@ -668,12 +668,13 @@ static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     }
     const int isc = next_real(is);
     const ggml_tensor * sc = isc >= 0 ? cgraph->nodes[isc] : nullptr;
-    float scale = 0.0f, bias = 1.0f;
-    if (sc != nullptr && sc->op == GGML_OP_SCALE && sc->src[0] == sum) {
-        memcpy(&scale, (const float *) sc->op_params + 0, sizeof(float));
-        memcpy(&bias, (const float *) sc->op_params + 1, sizeof(float));
+    if (sc == nullptr || sc->op != GGML_OP_SCALE || sc->src[0] != sum || !ggml_is_contiguous(sc)) {
+        return 0;
     }
-    if (bias != 0.0f || !ggml_is_contiguous(sc)) {
+    float scale, bias;
+    memcpy(&scale, (const float *) sc->op_params + 0, sizeof(float));
+    memcpy(&bias, (const float *) sc->op_params + 1, sizeof(float));
+    if (bias != 0.0f) {
         return 0;
     }
     const int im = next_real(isc);

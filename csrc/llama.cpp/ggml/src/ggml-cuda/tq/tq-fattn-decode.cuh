@@ -249,31 +249,13 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                 sc[c] += s * bsum[c];
             }
         }
-    } else if constexpr (TK == TQFA_F16) {
-        if ((reinterpret_cast<uintptr_t>(kg) & 15u) == 0) {
-            // (the kernel stages f16 rows through shared memory when all of them are 16-byte aligned,
-            // tq_fa_score_f16_staged; this is for a tile whose rows are not) a thread reads its own key's row:
-            // 8 values a load where this row allows it take a quarter of the L1 wavefronts per byte of 2
-            const uint4 * r = reinterpret_cast<const uint4 *>(kg);
-#pragma unroll 4
-            for (int i = 0; i < D / 8; ++i) {
-                const uint4 u = r[i];
-                const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
-                    tq_fa_fma_q<C>(sc, v.x, qs + (8 * i + 2 * k) * C);
-                    tq_fa_fma_q<C>(sc, v.y, qs + (8 * i + 2 * k + 1) * C);
-                }
-            }
-        } else {
-            const half2 * r = reinterpret_cast<const half2 *>(kg);
+    } else if constexpr (TK == TQFA_F16) { // (rows that are all 16-byte aligned go through tq_fa_score_f16_staged)
+        const half2 * r = reinterpret_cast<const half2 *>(kg);
 #pragma unroll 8
-            for (int i = 0; i < D / 2; ++i) {
-                const float2 v = __half22float2(r[i]);
-                tq_fa_fma_q<C>(sc, v.x, qs + (2 * i) * C);
-                tq_fa_fma_q<C>(sc, v.y, qs + (2 * i + 1) * C);
-            }
+        for (int i = 0; i < D / 2; ++i) {
+            const float2 v = __half22float2(r[i]);
+            tq_fa_fma_q<C>(sc, v.x, qs + (2 * i) * C);
+            tq_fa_fma_q<C>(sc, v.y, qs + (2 * i + 1) * C);
         }
     } else { // q8_0: 34-byte blocks {half d; int8 qs[32]}, 2-byte aligned
 #pragma unroll
