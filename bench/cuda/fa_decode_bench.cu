@@ -33,14 +33,35 @@ struct Case {
 };
 
 static const char * kname(int k) {
-    return k == TQFA_TQ3 ? "tq3" : k == TQFA_TQ4 ? "tq4" : k == TQFA_TQ3_64 ? "tq3_64" : "tq4_64";
+    return k == TQFA_F16 ? "f16" : k == TQFA_TQ3 ? "tq3" : k == TQFA_TQ4 ? "tq4" : k == TQFA_TQ3_64 ? "tq3_64" : "tq4_64";
 }
-static int kbits(int k) { return k == TQFA_TQ3 || k == TQFA_TQ3_64 ? 3 : 4; }
+static int kbits(int k) { return k == TQFA_F16 ? 16 : k == TQFA_TQ3 || k == TQFA_TQ3_64 ? 3 : 4; }
 static int kblock(int k) { return tq_fa_is_tq64(k) ? TQ_BLOCK_64 : TQ_BLOCK; }
+// bytes of one row of D values (bits 16: f16)
+static size_t row_bytes(int bits, int bn, int D) { return bits == 16 ? 2 * (size_t) D : tq_block_bytes_n(bits, bn) * (D / bn); }
+// one stored row back to floats (the reference's view of the cache)
+static void dequantize_row(int bits, int bn, const uint8_t * src, float * dst, int D) {
+    if (bits == 16) {
+        for (int d = 0; d < D; ++d) {
+            __half h;
+            memcpy(&h, src + 2 * d, 2);
+            dst[d] = __half2float(h);
+        }
+    } else {
+        tq_dequantize_row_n(bits, bn, src, dst, D);
+    }
+}
 
 static void quantize_rows(int bits, int bn, const std::vector<float> & x, std::vector<uint8_t> & out, int64_t rows, int D) {
-    const size_t rb = tq_block_bytes_n(bits, bn) * (D / bn);
+    const size_t rb = row_bytes(bits, bn, D);
     out.resize(rb * rows);
+    if (bits == 16) {
+        for (int64_t i = 0; i < rows * D; ++i) {
+            const __half h = __float2half(x[i]);
+            memcpy(out.data() + 2 * i, &h, 2);
+        }
+        return;
+    }
     const int nt = (int) std::max(1u, std::thread::hardware_concurrency());
     std::vector<std::thread> th;
     for (int i = 0; i < nt; ++i) {
@@ -81,7 +102,7 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
     if (mma == 2 || p.dst != nullptr) {
         return; // kernel alone, no merge (or the single pass: no merge to run)
     }
-    tq_fa_merge_kernel<D, tq_fa_is_tq64(TV) ? 64 : 128><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
+    tq_fa_merge_kernel<D, tq_fa_block_n(TV)><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
                                                         p.n_cols_total, p.ncol, p.n_groups, n_kvh, p.tpg, p.gqa,
                                                         p.n_q, p.tab);
 }
@@ -93,6 +114,11 @@ static void launch_kinds(int tk, int tv, int mma, tq_fa_params & p, int n_chunks
     if (tk == TQFA_TQ3 && tv == TQFA_TQ4) launch<D, TQFA_TQ3, TQFA_TQ4>(mma, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
     if (tk == TQFA_TQ4 && tv == TQFA_TQ3) launch<D, TQFA_TQ4, TQFA_TQ3>(mma, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
     if (tk == TQFA_TQ4 && tv == TQFA_TQ4) launch<D, TQFA_TQ4, TQFA_TQ4>(mma, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    // mixed pairs with an f16 side: the SIMT kernel
+    if (tk == TQFA_F16 && tv == TQFA_TQ3) launch<D, TQFA_F16, TQFA_TQ3>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    if (tk == TQFA_F16 && tv == TQFA_TQ4) launch<D, TQFA_F16, TQFA_TQ4>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    if (tk == TQFA_TQ3 && tv == TQFA_F16) launch<D, TQFA_TQ3, TQFA_F16>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
+    if (tk == TQFA_TQ4 && tv == TQFA_F16) launch<D, TQFA_TQ4, TQFA_F16>(0, p, n_chunks, n_kvh, n_seq, nullptr, dst, nb1, nb2, nb3);
 }
 // The 64-value kinds (head 64; SIMT kernel only).
 static void launch_kinds64(int tk, int tv, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq, float * dst,
@@ -104,11 +130,11 @@ static void launch_kinds64(int tk, int tv, tq_fa_params & p, int n_chunks, int n
 }
 
 static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_gbs) {
-    const int D = cs.D, BN = kblock(cs.tk), NB = D / BN;
-    const bool only_simt = tq_fa_is_tq64(cs.tk);
+    const int D = cs.D, BN = kblock(cs.tk == TQFA_F16 ? cs.tv : cs.tk);
+    const bool only_simt = tq_fa_is_tq64(cs.tk) || cs.tk == TQFA_F16 || cs.tv == TQFA_F16;
     const int n_head = cs.n_kvh * cs.gqa;
     const int kb = kbits(cs.tk), vb = kbits(cs.tv);
-    const int64_t krb = (int64_t) tq_block_bytes_n(kb, BN) * NB, vrb = (int64_t) tq_block_bytes_n(vb, BN) * NB;
+    const int64_t krb = (int64_t) row_bytes(kb, BN, D), vrb = (int64_t) row_bytes(vb, BN, D);
     const int64_t rows = (int64_t) cs.n_kv * cs.n_kvh;
 
     // K with a per-channel offset and spread (real keys are not isotropic), V plain Gaussian
@@ -214,7 +240,7 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
                     const int kvh = cl.h / cs.gqa;
                     double mx = -INFINITY;
                     for (int t = 0; t < cs.n_kv; ++t) {
-                        tq_dequantize_row_n(kb, BN, kq.data() + ((int64_t) t * cs.n_kvh + kvh) * krb, kr.data(), D);
+                        dequantize_row(kb, BN, kq.data() + ((int64_t) t * cs.n_kvh + kvh) * krb, kr.data(), D);
                         double dot = 0.0;
                         for (int d = 0; d < D; ++d) {
                             dot += (double) q[d] * kr[d];
@@ -238,7 +264,7 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
                         }
                         const double w = exp(s[t] - mx);
                         l += w;
-                        tq_dequantize_row_n(vb, BN, vq.data() + ((int64_t) t * cs.n_kvh + kvh) * vrb, vr.data(), D);
+                        dequantize_row(vb, BN, vq.data() + ((int64_t) t * cs.n_kvh + kvh) * vrb, vr.data(), D);
                         for (int d = 0; d < D; ++d) {
                             o[d] += w * vr[d];
                         }
@@ -376,6 +402,18 @@ int main(int argc, char ** argv) {
             }
         }
     }
+    const int kinds16[4][2] = {{TQFA_F16, TQFA_TQ3}, {TQFA_F16, TQFA_TQ4}, {TQFA_TQ3, TQFA_F16}, {TQFA_TQ4, TQFA_F16}};
+    if (!perf_only) {
+        for (auto & k : kinds16) {
+            for (int D : {128, 256}) {
+                ok &= run_case({D, 113, 2, 4, 1, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
+                ok &= run_case({D, 1000, 2, 1, 3, 2, k[0], k[1], true, 0.0f, false}, nsm, rng, gbs);
+                ok &= run_case({D, 4096, 1, 8, 1, 1, k[0], k[1], true, 0.0f, false}, nsm, rng, gbs);
+                ok &= run_case({D, 777, 2, 4, 2, 1, k[0], k[1], true, 30.0f, false}, nsm, rng, gbs);
+                ok &= run_case({D, 2000, 1, 2, 8, 1, k[0], k[1], false, 0.0f, false}, nsm, rng, gbs);
+            }
+        }
+    }
     const int kinds64[4][2] = {{TQFA_TQ3_64, TQFA_TQ3_64}, {TQFA_TQ4_64, TQFA_TQ4_64}, {TQFA_TQ3_64, TQFA_TQ4_64},
                                {TQFA_TQ4_64, TQFA_TQ3_64}};
     if (!perf_only) {
@@ -429,6 +467,15 @@ int main(int argc, char ** argv) {
     for (auto & k : kinds) {
         for (const Case & c : {Case{128, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true},
                                Case{128, 32768, 4, 4, 1, 1, k[0], k[1], true, 0.0f, true},
+                               Case{256, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true}}) {
+            if (only < 0 || only == n) {
+                ok &= run_case(c, nsm, rng, gbs);
+            }
+            ++n;
+        }
+    }
+    for (auto & k : kinds16) {
+        for (const Case & c : {Case{128, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true},
                                Case{256, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true}}) {
             if (only < 0 || only == n) {
                 ok &= run_case(c, nsm, rng, gbs);

@@ -10,11 +10,13 @@
 //    One thread per key, the query read from shared memory as a broadcast, so one decode serves C columns.
 //  - V: rows are never un-rotated: the block accumulates sum_t p_t * s_t * m_k * c[idx] in the rotated domain
 //    and the merge kernel applies the inverse rotation once per output row (the sum is linear).
-//  - TQ rows are staged through shared memory with coalesced 4-byte loads (rows are 4-byte aligned: 52/68 B
-//    per block); f16/q8_0 rows, the other side of a mixed pair, are read directly.
+//  - TQ rows are staged through shared memory with coalesced 4-byte cp.async (rows are 4-byte aligned: 52/68 B
+//    per block), the next tile's in flight where two buffers fit; f16 K rows per warp through shared memory
+//    (16-byte cp.async at head 128), f16/q8_0 V rows are read directly.
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 
@@ -96,6 +98,14 @@ static inline int tq_fa_want_chunks(int tiles, int base, int nsm, bool mma) {
     }
     return std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
 }
+
+// 4-byte asynchronous copies global -> shared (cp.async on sm_80+, a plain copy before): a tile's loads all in
+// flight at once
+static __device__ __forceinline__ void tq_fa_cp4(uint32_t * dst, const void * src) {
+    __pipeline_memcpy_async(dst, src, 4);
+}
+static __device__ __forceinline__ void tq_fa_cp_commit() { __pipeline_commit(); }
+template <int N> static __device__ __forceinline__ void tq_fa_cp_wait() { __pipeline_wait_prior(N); }
 
 static __device__ __forceinline__ float tq_fa_warp_max(float v) {
 #pragma unroll
@@ -445,17 +455,102 @@ static __device__ __forceinline__ void tq_fa_score_f16_staged(float (&sc)[C], co
     }
 }
 
+// f16 K at D = 128 with 16-byte aligned rows: each warp's 32 rows (8 KB) come through shared memory by cp.async,
+// all four 64-byte column chunks in flight at once, one copy group per chunk (the register-staged path above keeps
+// one chunk in flight). st: this warp's [32 rows][16] uint4, unit u of row r at r * 16 + (u ^ (r & 7)), so the 8
+// lanes of a shared-memory phase, each reading its own row, hit distinct 16-byte bank groups.
+static __device__ __forceinline__ void tq_fa_f16_rows_async(uint4 * st, const char * K, int64_t nb11, int r0, int nk,
+                                                            int lane) {
+#pragma unroll
+    for (int ch = 0; ch < 4; ++ch) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) { // copy slot r: row e >> 2, unit 4 ch + (e & 3), e = lane + 32 r
+            const int e = lane + 32 * r, row = e >> 2, u = 4 * ch + (e & 3);
+            const char * src = K + (int64_t) min(r0 + row, nk - 1) * nb11 + 16 * u;
+            __pipeline_memcpy_async(st + row * 16 + (u ^ (row & 7)), src, 16);
+        }
+        tq_fa_cp_commit();
+    }
+}
+// Scores of the rows tq_fa_f16_rows_async copied, one key per lane; PEND: the copy groups committed after the four
+// chunks' (they may stay in flight).
+template <int C, int PEND>
+static __device__ __forceinline__ void tq_fa_score_f16_async(float (&sc)[C], const float * qs, const uint4 * st,
+                                                             int lane) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        sc[c] = 0.0f;
+    }
+#pragma unroll
+    for (int ch = 0; ch < 4; ++ch) {
+        // chunk ch has landed (this lane's copies; the warp's: __syncwarp); ch is a constant after unrolling
+        if (ch == 0) {
+            tq_fa_cp_wait<PEND + 3>();
+        } else if (ch == 1) {
+            tq_fa_cp_wait<PEND + 2>();
+        } else if (ch == 2) {
+            tq_fa_cp_wait<PEND + 1>();
+        } else {
+            tq_fa_cp_wait<PEND>();
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint4 u = st[lane * 16 + ((4 * ch + j) ^ (lane & 7))];
+            const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
+                tq_fa_fma_q<C>(sc, v.x, qs + (32 * ch + 8 * j + 2 * k) * C);
+                tq_fa_fma_q<C>(sc, v.y, qs + (32 * ch + 8 * j + 2 * k + 1) * C);
+            }
+        }
+    }
+}
+
+// The TQ rows of the tile at t (none past k1) into kt / vt, as one cp.async group (an empty one past k1, so that
+// the groups pair up with tiles).
+template <int TK, int TV, int KW, int VW>
+static __device__ __forceinline__ void tq_fa_load_tq(uint32_t * kt, uint32_t * vt, const char * Kb, const char * Vb,
+                                                     int64_t nb11, int64_t nb21, int t, int k1, int tid) {
+    const int n = min(TQ_FA_TILE, k1 - t);
+    if constexpr (tq_fa_is_tq(TK)) {
+#pragma unroll 1
+        for (int w = tid; w < n * KW; w += TQ_FA_THREADS) {
+            const int key = w / KW, o = w - key * KW;
+            tq_fa_cp4(kt + w, Kb + (int64_t) (t + key) * nb11 + 4 * o);
+        }
+    }
+    if constexpr (tq_fa_is_tq(TV)) {
+#pragma unroll 1
+        for (int w = tid; w < n * VW; w += TQ_FA_THREADS) {
+            const int key = w / VW, o = w - key * VW;
+            tq_fa_cp4(vt + w, Vb + (int64_t) (t + key) * nb21 + 4 * o);
+        }
+    }
+    tq_fa_cp_commit();
+}
+
 template <int D, int C, int TK, int TV>
-__global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa_params p) {
+__global__ void __launch_bounds__(TQ_FA_THREADS, D == 128 ? 4 : 0) tq_fa_decode_kernel(const tq_fa_params p) {
     constexpr int SW = tq_fa_slice(TK, TV), NB = D / SW, VPL = SW / 32; // a TQ side has one block per slice
     static_assert(D % SW == 0, "head size: a multiple of the slice width");
     constexpr int KW = tq_fa_is_tq(TK) ? tq_fa_block_words(TK) * NB : 1;
     constexpr int VW = tq_fa_is_tq(TV) ? tq_fa_block_words(TV) * NB : 1;
 
+    // TQ tiles: +1 word, the tq3 V decode of the last row reads one word past it. Two buffers (the next tile's
+    // copies in flight during this tile's work) where they fit the 48 KB of static shared memory, else one.
+    constexpr int KTW = tq_fa_is_tq(TK) ? TQ_FA_TILE * KW + 1 : 0, VTW = tq_fa_is_tq(TV) ? TQ_FA_TILE * VW + 1 : 0;
+    constexpr int BASE = 4 * (D * C + TQ_FA_TILE * C + 40 + 4 * C); // qs, ps, cb, red
+    // f16 K: whole tiles by cp.async (tq_fa_f16_rows_async) at D = 128 where 32 KB of staging fit
+    constexpr bool F16A = TK == TQFA_F16 && D == 128 && BASE + 16 * 4 * 32 * 16 + 4 * VTW <= 47 * 1024;
+    constexpr int KSTU = F16A ? 4 * 32 * 16 : TK == TQFA_F16 ? 4 * 32 * 5 : 1; // f16 K staging, 16-byte units
+    constexpr int REST = BASE + (TK == TQFA_F16 ? 16 * KSTU : 0);
+    constexpr int NBUF = REST + 8 * (KTW + VTW) <= 46 * 1024 ? 2 : 1;
     __shared__ __align__(16) float qs[D * C]; // the query; at the end the block's partial output
-    __shared__ uint32_t kt[tq_fa_is_tq(TK) ? TQ_FA_TILE * KW + 1 : 1];
-    __shared__ uint4 kst[TK == TQFA_F16 ? 4 * 32 * 5 : 1]; // f16 K: each warp's staged rows (tq_fa_score_f16_staged)
-    __shared__ uint32_t vt[tq_fa_is_tq(TV) ? TQ_FA_TILE * VW + 1 : 1]; // +1: the tq3 V decode of the last row reads one word past it
+    __shared__ uint32_t kt[KTW ? NBUF * KTW : 1];
+    __shared__ __align__(16) uint4 kst[KSTU]; // f16 K: each warp's staged rows
+    __shared__ uint32_t vt[VTW ? NBUF * VTW : 1];
     __shared__ __align__(16) float ps[TQ_FA_TILE * C];
     __shared__ float cb[40]; // tq3 centroids, tq4 centroids, sub-block multipliers
     __shared__ float red[4 * C];
@@ -541,25 +636,47 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         }
     }
 
-    for (int t0 = k0; t0 < k1; t0 += TQ_FA_TILE) {
+    if constexpr (NBUF == 2) {
+        tq_fa_load_tq<TK, TV, KW, VW>(kt, vt, Kb, Vb, p.nb11, p.nb21, k0, k1, tid);
+    }
+    for (int t0 = k0, it = 0; t0 < k1; t0 += TQ_FA_TILE, ++it) {
         const int nk = min(TQ_FA_TILE, k1 - t0);
-        if constexpr (tq_fa_is_tq(TK)) {
-            for (int w = tid; w < nk * KW; w += TQ_FA_THREADS) {
-                const int key = w / KW, o = w - key * KW;
-                kt[w] = *reinterpret_cast<const uint32_t *>(Kb + (int64_t) (t0 + key) * p.nb11 + 4 * o);
+        const int buf = NBUF == 2 ? it & 1 : 0;
+        // f16 K (16-byte aligned rows, uniform over the block): this tile's rows first, so that the copy groups of
+        // the next tile's TQ V below may stay in flight while the keys are scored
+        const bool f16a = F16A && ((reinterpret_cast<uintptr_t>(Kb) | (uintptr_t) p.nb11) & 15u) == 0;
+        if (f16a) {
+            tq_fa_f16_rows_async(kst + warp * 512, Kb + (int64_t) t0 * p.nb11, p.nb11, 32 * warp, nk, lane);
+        }
+        if constexpr (NBUF == 2) { // the other buffer was last read before the previous tile's final barrier
+            tq_fa_load_tq<TK, TV, KW, VW>(kt + (buf ^ 1) * KTW, vt + (buf ^ 1) * VTW, Kb, Vb, p.nb11, p.nb21,
+                                          t0 + TQ_FA_TILE, k1, tid);
+            if (!f16a) { // (f16a: the score waits chunk by chunk, which covers this tile's TQ V: it is older)
+                tq_fa_cp_wait<1>();
+            }
+        } else {
+            tq_fa_load_tq<TK, TV, KW, VW>(kt, vt, Kb, Vb, p.nb11, p.nb21, t0, k1, tid);
+            if (!f16a) {
+                tq_fa_cp_wait<0>();
             }
         }
-        if constexpr (tq_fa_is_tq(TV)) {
-            for (int w = tid; w < nk * VW; w += TQ_FA_THREADS) {
-                const int key = w / VW, o = w - key * VW;
-                vt[w] = *reinterpret_cast<const uint32_t *>(Vb + (int64_t) (t0 + key) * p.nb21 + 4 * o);
-            }
-        }
-        __syncthreads();
+        __syncthreads(); // TQ tiles visible (f16a: after the score's waits, at the barrier that follows it)
+        const uint32_t * ktb = kt + buf * KTW;
+        const uint32_t * vtb = vt + buf * VTW;
 
         float s[C];
         bool staged = false;
-        if constexpr (TK == TQFA_F16) {
+        if constexpr (F16A) {
+            if (f16a) {
+                // one group after the chunks': the TQ V tile (the next one, or with one buffer this one: then
+                // waited for here, before the barrier after the scores makes it visible)
+                tq_fa_score_f16_async<C, 1>(s, qs, kst + warp * 512, lane);
+                if constexpr (NBUF == 1) {
+                    tq_fa_cp_wait<0>();
+                }
+                staged = true;
+            }
+        } else if constexpr (TK == TQFA_F16) {
             if (((reinterpret_cast<uintptr_t>(Kb) | (uintptr_t) p.nb11) & 15u) == 0) { // uniform over the block
                 tq_fa_score_f16_staged<D, C>(s, Kb + (int64_t) t0 * p.nb11, p.nb11, 32 * warp, nk, qs, kst + warp * 160,
                                              lane);
@@ -568,7 +685,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
         }
         if (tid < nk) {
             if (!staged) {
-                tq_fa_score<D, C, TK>(s, kt + tid * KW, Kb + (int64_t) (t0 + tid) * p.nb11, qs, cb);
+                tq_fa_score<D, C, TK>(s, ktb + tid * KW, Kb + (int64_t) (t0 + tid) * p.nb11, qs, cb);
             }
 #pragma unroll
             for (int c = 0; c < C; ++c) {
@@ -616,11 +733,11 @@ __global__ void __launch_bounds__(TQ_FA_THREADS) tq_fa_decode_kernel(const tq_fa
             // V rows straight from global memory: unrolled so that several rows' loads are in flight at once
 #pragma unroll 4
             for (int t = warp; t < nk; t += 4) {
-                tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+                tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vtb + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
             }
         } else {
             for (int t = warp; t < nk; t += 4) {
-                tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vt + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
+                tq_fa_accum_v<D, C, TV, SW>(acc, ps + t * C, vtb + t * VW, Vb + (int64_t) (t0 + t) * p.nb21, cb, lane);
             }
         }
         __syncthreads();
