@@ -851,18 +851,42 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
     if (col >= n_cols_total || c >= tpg * gqa || tok >= n_q) {
         return; // warp-uniform; block-uniform when the warps share a column
     }
+    // the chunks' (max, sum) pairs: up to 32 MLR of them held in registers, their loads all in flight at once (a
+    // loop over them waited on each load, twice: ~half of this kernel's time, NOTES.md v19); more: re-read
+    constexpr int MLR = 4;
+    const bool held = n_chunks <= 32 * MLR;
+    float2 e[MLR];
+#pragma unroll
+    for (int k = 0; k < MLR; ++k) {
+        const int i = lane + 32 * k;
+        e[k] = held && i < n_chunks ? ml[(int64_t) i * n_cols_total + col] : make_float2(-INFINITY, 0.0f);
+    }
     float mx = -INFINITY;
-    for (int i = lane; i < n_chunks; i += 32) {
-        mx = fmaxf(mx, ml[(int64_t) i * n_cols_total + col].x);
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < MLR; ++k) {
+            mx = fmaxf(mx, e[k].x);
+        }
+    } else {
+        for (int i = lane; i < n_chunks; i += 32) {
+            mx = fmaxf(mx, ml[(int64_t) i * n_cols_total + col].x);
+        }
     }
     mx = tq_fa_warp_max(mx);
     if (sinks) {
         mx = fmaxf(mx, sinks[head]);
     }
-    float l = 0.0f;
-    for (int i = lane; i < n_chunks; i += 32) {
-        const float2 e = ml[(int64_t) i * n_cols_total + col];
-        l += e.x == -INFINITY ? 0.0f : e.y * __expf(e.x - mx);
+    float l = 0.0f; // the same terms in the same order either way
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < MLR; ++k) {
+            l += e[k].x == -INFINITY ? 0.0f : e[k].y * __expf(e[k].x - mx);
+        }
+    } else {
+        for (int i = lane; i < n_chunks; i += 32) {
+            const float2 ei = ml[(int64_t) i * n_cols_total + col];
+            l += ei.x == -INFINITY ? 0.0f : ei.y * __expf(ei.x - mx);
+        }
     }
     l = tq_fa_warp_sum(l);
     if (sinks && mx != -INFINITY) {
@@ -874,13 +898,8 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
     for (int r = 0; r < R; ++r) {
         o[r] = 0.0f;
     }
-    for (int i0 = 32 * ws; i0 < n_chunks; i0 += 32 * wpc) {
-        const int n = min(32, n_chunks - i0);
-        float wl = 0.0f; // weight of chunk i0 + lane
-        if (lane < n) {
-            const float2 e = ml[(int64_t) (i0 + lane) * n_cols_total + col];
-            wl = e.x == -INFINITY ? 0.0f : __expf(e.x - mx);
-        }
+    // chunks i0 .. i0 + n - 1 into o, chunk i0 + lane weighing wl (this warp's groups of 32 in ascending order)
+    auto add_chunks = [&](int i0, int n, float wl) {
 #pragma unroll 16 // loads in flight
         for (int i = 0; i < n; ++i) {
             const float wi = __shfl_sync(0xffffffffu, wl, i);
@@ -889,6 +908,25 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
             for (int r = 0; r < R; ++r) {
                 o[r] += pr[32 * r] * wi;
             }
+        }
+    };
+    if (held) { // group k from e[k]: unrolled, so that e stays in registers
+#pragma unroll
+        for (int k = 0; k < MLR; ++k) {
+            const int i0 = 32 * k, n = min(32, n_chunks - i0);
+            if (k % wpc == ws && n > 0) {
+                add_chunks(i0, n, lane < n && e[k].x != -INFINITY ? __expf(e[k].x - mx) : 0.0f);
+            }
+        }
+    } else {
+        for (int i0 = 32 * ws; i0 < n_chunks; i0 += 32 * wpc) {
+            const int n = min(32, n_chunks - i0);
+            float wl = 0.0f; // weight of chunk i0 + lane
+            if (lane < n) {
+                const float2 ei = ml[(int64_t) (i0 + lane) * n_cols_total + col];
+                wl = ei.x == -INFINITY ? 0.0f : __expf(ei.x - mx);
+            }
+            add_chunks(i0, n, wl);
         }
     }
     if (wpc > 1) { // block-uniform
