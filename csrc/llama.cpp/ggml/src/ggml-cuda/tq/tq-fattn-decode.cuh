@@ -406,6 +406,18 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], c
     }
 }
 
+// sc[c] += the 8 f16 values of u (coordinates d .. d + 7) times the query's (q: coordinate d's C columns on)
+template <int C>
+static __device__ __forceinline__ void tq_fa_fma_f16x8(float (&sc)[C], const uint4 u, const float * q) {
+    const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
+        tq_fa_fma_q<C>(sc, v.x, q + (2 * k) * C);
+        tq_fa_fma_q<C>(sc, v.y, q + (2 * k + 1) * C);
+    }
+}
+
 // Scores of f16 keys with 16-byte aligned rows, one key per lane (key r0 + lane of the tile at K, rows past nk read
 // row nk - 1): the warp stages its 32 rows through shared memory 32 values (64 bytes) at a time, four lanes per
 // row (coalesced: a load instruction covers 8 whole 64-byte segments), the next chunk's loads in flight while the
@@ -442,14 +454,7 @@ static __device__ __forceinline__ void tq_fa_score_f16_staged(float (&sc)[C], co
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const uint4 u = st[lane * 5 + j];
-            const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
-                tq_fa_fma_q<C>(sc, v.x, qs + (32 * ch + 8 * j + 2 * k) * C);
-                tq_fa_fma_q<C>(sc, v.y, qs + (32 * ch + 8 * j + 2 * k + 1) * C);
-            }
+            tq_fa_fma_f16x8<C>(sc, st[lane * 5 + j], qs + (32 * ch + 8 * j) * C);
         }
         __syncwarp();
     }
@@ -496,14 +501,7 @@ static __device__ __forceinline__ void tq_fa_score_f16_async(float (&sc)[C], con
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const uint4 u = st[lane * 16 + ((4 * ch + j) ^ (lane & 7))];
-            const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float2 v = __half22float2(*reinterpret_cast<const half2 *>(&w4[k]));
-                tq_fa_fma_q<C>(sc, v.x, qs + (32 * ch + 8 * j + 2 * k) * C);
-                tq_fa_fma_q<C>(sc, v.y, qs + (32 * ch + 8 * j + 2 * k + 1) * C);
-            }
+            tq_fa_fma_f16x8<C>(sc, st[lane * 16 + ((4 * ch + j) ^ (lane & 7))], qs + (32 * ch + 8 * j) * C);
         }
     }
 }
@@ -531,6 +529,8 @@ static __device__ __forceinline__ void tq_fa_load_tq(uint32_t * kt, uint32_t * v
     tq_fa_cp_commit();
 }
 
+// At D = 128 at least 4 blocks an SM (<= 128 registers: with cp.async the compiler otherwise took 150-250, NOTES.md
+// v19); 0 leaves other head sizes to the compiler, as no minimum does.
 template <int D, int C, int TK, int TV>
 __global__ void __launch_bounds__(TQ_FA_THREADS, D == 128 ? 4 : 0) tq_fa_decode_kernel(const tq_fa_params p) {
     constexpr int SW = tq_fa_slice(TK, TV), NB = D / SW, VPL = SW / 32; // a TQ side has one block per slice
