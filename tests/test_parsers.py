@@ -130,3 +130,29 @@ def test_fa_bandwidth_bytes_and_fraction() -> None:
     assert "| 128 | 8 x 4 | 4 | 32768 | tq3/f16 | 100.00 | 323 | 3.23 | 161 % |" in out
     with pytest.raises(SystemExit):
         fb.table(perf, "")
+
+
+def test_bench_ratios_pairs_rounds_with_f16() -> None:
+    """scripts/gpu/bench_ratios.py: the n-th llama-bench table of a pair against the n-th f16 table, per test."""
+    import importlib.util
+
+    gpu = Path(__file__).parents[1] / "scripts" / "gpu"
+    spec = importlib.util.spec_from_file_location("bench_ratios", gpu / "bench_ratios.py")
+    assert spec is not None and spec.loader is not None
+    br = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(br)
+
+    def table(kv: str | None, tg: float, pp: float) -> str:
+        head = "| model | ngl |" + (" type_k | type_v |" if kv else "") + " fa | test | t/s |\n"
+        rule = "| --- | --: |" + (" ---: | ---: |" if kv else "") + " --: | ---: | ---: |\n"
+        cells = f" {kv} | {kv} |" if kv else ""
+        return (head + rule + f"| m | 99 |{cells} 1 | pp512 | {pp:.2f} ± 9.00 |\n"
+                + f"| m | 99 |{cells} 1 | tg128 | {tg:.2f} ± 1.00 |\n\nbuild: x\n")  # fmt: skip
+
+    md = table(None, 1000, 8000) + table("tq3", 950, 7600) + table(None, 1100, 8000) + table("tq3", 1210, 8800)
+    out = br.ratio_table(md)
+    assert "| test | f16/f16 t/s | tq3/tq3 t/s (ratio) |" in out
+    assert "| tg128 | 1000 / 1100 | 950 / 1210 (0.950 / 1.100) |" in out
+    assert "| pp512 | 8000 / 8000 | 7600 / 8800 (0.950 / 1.100) |" in out
+    with pytest.raises(SystemExit):
+        br.ratio_table(table("tq3", 950, 7600))

@@ -10,7 +10,8 @@
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES)
-#   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run
+#   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run; llama_bench_ratios.md:
+#          each round's t/s ratio to the same round's f16 (repeat the types in BENCH_TYPES to interleave rounds)
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
 #   bandwidth fa_bandwidth.md: each FA decode case's KV read rate against the device copy (perf and convert stages'
 #          logs, scripts/gpu/fa_bandwidth.py)
@@ -166,6 +167,9 @@ stage_bench() {
             -r "${BENCH_REPS:-10}" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
     done
+    # each round's ratio to the same round's f16 (BENCH_TYPES with f16 in it)
+    python3 scripts/gpu/bench_ratios.py "$RES/llama_bench.md" > "$RES/llama_bench_ratios.md" 2> /dev/null &&
+        cat "$RES/llama_bench_ratios.md"
     return "$rc"
 }
 

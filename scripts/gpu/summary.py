@@ -26,13 +26,15 @@ def fa_times(log: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def bench_rates(md: str) -> dict[str, dict[str, float]]:
-    """llama-bench -o md tables; a table without type_k/type_v columns is f16/f16. A pair benchmarked more than once
-    in the run (interleaved repeats, to show the run-to-run noise) gets the mean of its runs."""
-    runs: dict[str, dict[str, list[float]]] = {}
+BENCH_NAMES = {"tg128": "tg128_d0", "tg128 @ d32768": "tg128_d32768", "pp512 @ d32768": "pp512_d32768",
+               "pp512": "pp512_d0"}  # fmt: skip
+
+
+def bench_tables(md: str) -> list[tuple[str, dict[str, float]]]:
+    """llama-bench -o md tables in the order they were printed, one per llama-bench run: (K/V pair, t/s per test).
+    A table without type_k/type_v columns is f16/f16."""
+    tables: list[tuple[str, dict[str, float]]] = []
     cols: list[str] = []
-    names = {"tg128": "tg128_d0", "tg128 @ d32768": "tg128_d32768", "pp512 @ d32768": "pp512_d32768",
-             "pp512": "pp512_d0"}  # fmt: skip
     for line in md.splitlines():
         m = ROW.match(line)
         if not m:
@@ -40,14 +42,24 @@ def bench_rates(md: str) -> dict[str, dict[str, float]]:
         cells = [c.strip() for c in m.group(1).split("|")]
         if "test" in cells:
             cols = cells
+            tables.append(("", {}))
             continue
         if not cols or set(cells[0]) <= {"-", ":"}:
             continue
         row = dict(zip(cols, cells, strict=False))
         pair = f"{row.get('type_k', 'f16')}/{row.get('type_v', 'f16')}"
-        name = names.get(row["test"])
-        if name:
-            runs.setdefault(pair, {}).setdefault(name, []).append(float(row["t/s"].split("±")[0]))
+        tables[-1] = (pair, {**tables[-1][1], row["test"]: float(row["t/s"].split("±")[0])})
+    return [t for t in tables if t[1]]
+
+
+def bench_rates(md: str) -> dict[str, dict[str, float]]:
+    """Per K/V pair the mean t/s of the summary's tests; a pair benchmarked more than once in the run (interleaved
+    repeats, to show the run-to-run noise) gets the mean of its runs."""
+    runs: dict[str, dict[str, list[float]]] = {}
+    for pair, rates in bench_tables(md):
+        for test, ts in rates.items():
+            if test in BENCH_NAMES:
+                runs.setdefault(pair, {}).setdefault(BENCH_NAMES[test], []).append(ts)
     return {pair: {k: round(sum(v) / len(v), 2) for k, v in vals.items()} for pair, vals in runs.items()}
 
 
