@@ -636,15 +636,18 @@ __global__ void __launch_bounds__(TQ_FA_THREADS, D == 128 ? 4 : 0) tq_fa_decode_
         }
     }
 
+    // f16 K rows all 16-byte aligned (uniform over the block): staged through shared memory, by cp.async (f16a)
+    // or through registers; otherwise each thread reads its own row (tq_fa_score)
+    const bool f16_rows16 = TK == TQFA_F16 && ((reinterpret_cast<uintptr_t>(Kb) | (uintptr_t) p.nb11) & 15u) == 0;
+    const bool f16a = F16A && f16_rows16;
     if constexpr (NBUF == 2) {
         tq_fa_load_tq<TK, TV, KW, VW>(kt, vt, Kb, Vb, p.nb11, p.nb21, k0, k1, tid);
     }
     for (int t0 = k0, it = 0; t0 < k1; t0 += TQ_FA_TILE, ++it) {
         const int nk = min(TQ_FA_TILE, k1 - t0);
         const int buf = NBUF == 2 ? it & 1 : 0;
-        // f16 K (16-byte aligned rows, uniform over the block): this tile's rows first, so that the copy groups of
-        // the next tile's TQ V below may stay in flight while the keys are scored
-        const bool f16a = F16A && ((reinterpret_cast<uintptr_t>(Kb) | (uintptr_t) p.nb11) & 15u) == 0;
+        // f16a: this tile's K rows first, so that the copy groups of the next tile's TQ V below may stay in flight
+        // while the keys are scored
         if (f16a) {
             tq_fa_f16_rows_async(kst + warp * 512, Kb + (int64_t) t0 * p.nb11, p.nb11, 32 * warp, nk, lane);
         }
@@ -677,7 +680,7 @@ __global__ void __launch_bounds__(TQ_FA_THREADS, D == 128 ? 4 : 0) tq_fa_decode_
                 staged = true;
             }
         } else if constexpr (TK == TQFA_F16) {
-            if (((reinterpret_cast<uintptr_t>(Kb) | (uintptr_t) p.nb11) & 15u) == 0) { // uniform over the block
+            if (f16_rows16) {
                 tq_fa_score_f16_staged<D, C>(s, Kb + (int64_t) t0 * p.nb11, p.nb11, 32 * warp, nk, qs, kst + warp * 160,
                                              lane);
                 staged = true;
