@@ -156,3 +156,24 @@ def test_bench_ratios_pairs_rounds_with_f16() -> None:
     assert "| pp512 | 8000 / 8000 | 7600 / 8800 (0.950 / 1.100) |" in out
     with pytest.raises(SystemExit):
         br.ratio_table(table("tq3", 950, 7600))
+
+
+def test_bench_tables_read_round_files() -> None:
+    """A run_cuda-style interleaved file whose llama-bench rows come without headers after "round N KIND" lines."""
+    import importlib.util
+
+    gpu = Path(__file__).parents[1] / "scripts" / "gpu"
+    spec = importlib.util.spec_from_file_location("bench_ratios", gpu / "bench_ratios.py")
+    assert spec is not None and spec.loader is not None
+    br = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(br)
+    md = ""
+    for r, (f16, tq3) in enumerate([(1000, 950), (1100, 1210), (1000, 1000)], 1):
+        md += f"round {r} f16\n| m | 1.0 MiB | CUDA | 99 | 1 | tg128 | {f16:.2f} ± 3.00 |\n"
+        md += f"round {r} tq3\n| m | 1.0 MiB | CUDA | 99 | tq3 | tq3 | 1 | tg128 | {tq3:.2f} ± 3.00 |\n"
+    md += "round 4 tq3-sep\n| m | 1.0 MiB | CUDA | 99 | tq3 | tq3 | 1 | tg128 | 900.00 ± 3.00 |\n"
+    tables = br.bench_tables(md)
+    assert [p for p, _ in tables] == ["f16/f16", "tq3/tq3"] * 3 + ["tq3-sep/tq3-sep"]
+    assert tables[3] == ("tq3/tq3", {"tg128": 1210.0})
+    out = br.ratio_table(md)
+    assert "| tg128 | 1000 / 1100 / 1000 | 950 / 1210 / 1000 (0.950 / 1.100 / 1.000, median 1.000) |" in out

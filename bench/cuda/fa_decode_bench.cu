@@ -10,6 +10,8 @@
 //   ./fa_decode_bench phases     (built with -DTQ_FA_PHASES) where a single-pass block's time goes at depth 0
 //   ./fa_decode_bench short      decode at short KV (1 sequence, as llama-bench at depth 0): the host's chunking,
 //                                then one chunk (the tensor-core kernel's single pass), per KV length
+//   ./fa_decode_bench depth      llama-bench's decode at KV 2K / 8K / 32K (1 sequence, 4 KV heads, GQA 4) by chunk count
+//   TQ_FA_SEPARATE_MERGE=1      the tensor-core kernel's partials merged by the merge kernel (default: fused, as the host)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -81,10 +83,25 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
                    int64_t nb1, int64_t nb2, int64_t nb3) {
     const dim3 grid(n_chunks, n_kvh * p.n_groups, n_seq);
     p.dst = nullptr;
+    p.done = nullptr;
     if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) {
         if (mma) {
+            // the merge fused into the kernel, as the host runs it (TQ_FA_SEPARATE_MERGE=1: the merge kernel)
+            static unsigned * counters = [] {
+                unsigned * c = nullptr;
+                CK(cudaMalloc(&c, 16384 * sizeof(unsigned)));
+                CK(cudaMemset(c, 0, 16384 * sizeof(unsigned)));
+                return c;
+            }();
+            static const bool separate = getenv("TQ_FA_SEPARATE_MERGE") && atoi(getenv("TQ_FA_SEPARATE_MERGE"));
+            if (mma == 1 && n_chunks > 1 && !separate && grid.y * grid.z <= 16384) {
+                p.done = counters;
+                p.mdst = (char *) dst;
+            }
             if (n_chunks == 1) { // single pass, as the host runs it
                 p.dst = (char *) dst;
+            }
+            if (n_chunks == 1 || p.done != nullptr) {
                 p.dnb1 = nb1; p.dnb2 = nb2; p.dnb3 = nb3;
                 p.sinks = sinks;
             }
@@ -99,8 +116,8 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
             default: tq_fa_decode_kernel<D, 8, TK, TV><<<grid, TQ_FA_THREADS>>>(p); break;
         }
     }
-    if (mma == 2 || p.dst != nullptr) {
-        return; // kernel alone, no merge (or the single pass: no merge to run)
+    if (mma == 2 || p.dst != nullptr || p.done != nullptr) {
+        return; // kernel alone, no merge (or the single pass / the fused merge: no merge to run)
     }
     tq_fa_merge_kernel<D, tq_fa_block_n(TV)><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128>>>(p.part, p.ml, sinks, (char *) dst, nb1, nb2, nb3, n_chunks,
                                                         p.n_cols_total, p.ncol, p.n_groups, n_kvh, p.tpg, p.gqa,
@@ -379,7 +396,7 @@ static double copy_bandwidth() { // device-to-device copy of 1 GiB: read + write
 
 int main(int argc, char ** argv) {
     const bool perf_only = argc > 1 && (strcmp(argv[1], "perf") == 0 || strcmp(argv[1], "short") == 0 ||
-                                        strcmp(argv[1], "phases") == 0);
+                                        strcmp(argv[1], "phases") == 0 || strcmp(argv[1], "depth") == 0);
     int nsm;
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
     const double gbs = copy_bandwidth();
@@ -451,6 +468,17 @@ int main(int argc, char ** argv) {
         for (auto & k : kinds) {
             for (int kv : {256, 512, 1024, 2048}) {
                 for (int ch : {0, 1}) {
+                    ok &= run_case(Case{128, kv, 4, 4, 1, 1, k[0], k[1], true, 0.0f, true, ch}, nsm, rng, gbs);
+                }
+            }
+        }
+        printf("%s\n", ok ? "all cases match the C codec reference" : "MISMATCH");
+        return ok ? 0 : 1;
+    }
+    if (argc > 1 && strcmp(argv[1], "depth") == 0) { // llama-bench's decode (1 seq, 4 KV heads, GQA 4) by chunk count
+        for (auto & k : {kinds[0], kinds[1]}) {
+            for (int kv : {2048, 8192, 32768}) {
+                for (int ch : {0, 4, 8, 16, 32, 64, 128}) {
                     ok &= run_case(Case{128, kv, 4, 4, 1, 1, k[0], k[1], true, 0.0f, true, ch}, nsm, rng, gbs);
                 }
             }

@@ -1,12 +1,14 @@
 """Ratios to f16 of an interleaved llama-bench run (run_cuda.sh's bench stage with BENCH_TYPES repeating, e.g.
 "f16 tq3 tq4 f16 tq3 tq4"): per test and K/V pair every round's t/s and its ratio to the same round's f16 (the
-n-th run of a pair against the n-th f16 run), so the run-to-run noise shows beside the ratio. A markdown table.
+n-th run of a pair against the n-th f16 run), so the run-to-run noise shows beside the ratio, and with more than two
+rounds the median ratio. A markdown table. Also reads "round N KIND" files (bench_tables).
 
     python3 scripts/gpu/bench_ratios.py llama_bench.md
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -31,7 +33,8 @@ def ratio_table(md: str) -> str:
         for p in pairs:
             vals = [(r[test], f) for r, f in zip(rounds[p], f16, strict=False) if test in r and f]
             ratios = " / ".join(f"{v / f:.3f}" for v, f in vals)
-            cells.append(" / ".join(f"{v:.0f}" for v, _ in vals) + f" ({ratios})")
+            med = f", median {statistics.median(v / f for v, f in vals):.3f}" if len(vals) > 2 else ""
+            cells.append(" / ".join(f"{v:.0f}" for v, _ in vals) + f" ({ratios}{med})")
         out.append(f"| {test} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

@@ -3,6 +3,7 @@ and 1-sequence cases (fa_perf.log, `perf` stage) and llama-bench's tg128 @ d0 / 
 (llama_bench.md, `bench` stage), next to f16's values from the same run.
 
     python3 scripts/gpu/summary.py RES_DIR > RES_DIR/summary.json
+    python3 scripts/gpu/summary.py RES_DIR OLD.json > summary.json   # the pairs RES_DIR measured replace OLD's
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 FA = re.compile(r"FLASH_ATTN_EXT\(hsk=128,hsv=128,nh=(\d+),nr23=\[4,(\d)\],kv=32768,nb=1,"
                 r".*?type_K=(\w+),type_V=(\w+),.*?([0-9.]+) us/run")  # fmt: skip
 ROW = re.compile(r"^\|(.+)\|\s*$")
+ROUND = re.compile(r"^round \d+ (\S+)\s*$")  # "round N KIND": a run of an interleaved file, maybe without headers
 
 
 def fa_times(log: str) -> dict[str, dict[str, float]]:
@@ -32,10 +34,17 @@ BENCH_NAMES = {"tg128": "tg128_d0", "tg128 @ d32768": "tg128_d32768", "pp512 @ d
 
 def bench_tables(md: str) -> list[tuple[str, dict[str, float]]]:
     """llama-bench -o md tables in the order they were printed, one per llama-bench run: (K/V pair, t/s per test).
-    A table without type_k/type_v columns is f16/f16."""
+    A table without type_k/type_v columns is f16/f16. A line "round N KIND" starts a run whose rows may come without
+    their header (the last two cells: test, t/s); KIND is a K/V pair or one type for both (e.g. tq3, tq3-sep)."""
     tables: list[tuple[str, dict[str, float]]] = []
     cols: list[str] = []
     for line in md.splitlines():
+        r = ROUND.match(line)
+        if r:
+            kind = r.group(1)
+            tables.append((kind if "/" in kind else f"{kind}/{kind}", {}))
+            cols = []
+            continue
         m = ROW.match(line)
         if not m:
             continue
@@ -44,7 +53,12 @@ def bench_tables(md: str) -> list[tuple[str, dict[str, float]]]:
             cols = cells
             tables.append(("", {}))
             continue
-        if not cols or set(cells[0]) <= {"-", ":"}:
+        if set(cells[0]) <= {"-", ":"}:
+            continue
+        if not cols:
+            if tables and len(cells) >= 2:  # a header-less row of a "round" run
+                pair, rates = tables[-1]
+                tables[-1] = (pair, {**rates, cells[-2]: float(cells[-1].split("±")[0])})
             continue
         row = dict(zip(cols, cells, strict=False))
         pair = f"{row.get('type_k', 'f16')}/{row.get('type_v', 'f16')}"
@@ -65,6 +79,7 @@ def bench_rates(md: str) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     res = Path(sys.argv[1])
+    base = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else {}  # pairs this run did not measure
     data: dict[str, dict[str, float]] = {}
     for log, parse in (("fa_perf.log", fa_times), ("llama_bench.md", bench_rates)):
         if not (res / log).is_file():  # a run of only some stages
@@ -74,6 +89,7 @@ def main() -> None:
     f16 = data.get("f16/f16", {})
     summary = {pair: vals if pair == "f16/f16" else {**vals, **{f"f16_{k}": v for k, v in f16.items()}}
                for pair, vals in sorted(data.items())}  # fmt: skip
+    summary = dict(sorted({**base, **summary}.items()))
     json.dump(summary, sys.stdout, indent=2)
     print()
 

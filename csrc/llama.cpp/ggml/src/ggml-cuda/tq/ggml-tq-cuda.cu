@@ -3,6 +3,8 @@
 #include "ggml-tq-cuda.cuh"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "fattn.cuh"
 #include "tq-cuda-codec.cuh"
@@ -914,6 +916,38 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
         return false;
     }
     return K->ne[1] < INT32_MAX;
+}
+
+// One buffer per (device, stream), kept for the process's life: every launch leaves its counters at 0 again, so a
+// buffer is never cleared after its allocation, and a stream handle that a later context reuses finds it ready.
+// Keyed by stream, so kernels of two contexts running at once never share a counter.
+unsigned * ggml_cuda_tq_fa_counters(ggml_backend_cuda_context & ctx, size_t n) {
+    static const bool on = [] {
+        const char * e = getenv("LLAMA_TQ_CUDA_FUSED_MERGE");
+        return e == nullptr || atoi(e) != 0;
+    }();
+    constexpr size_t N = 16384; // 64 KB: sequences x KV heads x column groups of one FA launch
+    if (!on || n > N) {
+        return nullptr;
+    }
+    static std::mutex mu;
+    static std::map<std::pair<int, cudaStream_t>, unsigned *> bufs;
+    std::lock_guard<std::mutex> lock(mu);
+    cudaStream_t stream = ctx.stream();
+    const auto key = std::make_pair(ctx.device, stream);
+    if (const auto it = bufs.find(key); it != bufs.end()) {
+        return it->second;
+    }
+    cudaStreamCaptureStatus capturing;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) {
+        return nullptr; // no allocation inside a capture (llama.cpp runs a graph uncaptured before it captures it)
+    }
+    unsigned * buf = nullptr;
+    CUDA_CHECK(cudaMalloc(&buf, N * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemsetAsync(buf, 0, N * sizeof(unsigned), stream));
+    bufs.emplace(key, buf);
+    return buf;
 }
 
 void tq_fa_fill_params(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, tq_fa_params & p, int & C,

@@ -59,3 +59,7 @@ to_fp32_nc_cuda_t ggml_cuda_tq_get_to_fp32_nc(ggml_type type);
 // is taken (then it needs no f16 copies of K/V); run() returns false when it is not.
 bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst);
 bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+// n zeroed counters for the tensor-core decode's fused merge on ctx's current stream (tq_fa_params::done), or nullptr
+// (the merge kernel runs): more than a buffer holds, the stream first seen during a graph capture, or
+// LLAMA_TQ_CUDA_FUSED_MERGE=0.
+unsigned * ggml_cuda_tq_fa_counters(ggml_backend_cuda_context & ctx, size_t n);

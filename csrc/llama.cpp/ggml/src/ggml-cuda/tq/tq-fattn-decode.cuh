@@ -80,6 +80,11 @@ struct tq_fa_params {
     char * dst;
     int64_t dnb1, dnb2, dnb3;
     const float * sinks;
+    // split-K with the merge fused into the tensor-core kernel (nullptr: the merge kernel runs): a counter per
+    // (KV head x column group, sequence), 0 between launches; the chunk that finishes last merges its column group's
+    // chunks and writes mdst (strides dnb1..3), so a decode step has one launch less per layer (NOTES.md v20)
+    unsigned * done;
+    char * mdst;
     float scale, softcap, m0, m1, max_bias;
     int n_head_log2;
     // the tensor-core kernel may read Q and the mask before its PDL wait: its predecessor is the fused K/V write,
@@ -91,12 +96,18 @@ struct tq_fa_params {
 
 // Chunks per (sequence, KV head, column group): enough for ~4 blocks per SM, each a whole number of tiles; with the
 // tensor-core kernel, one (its single pass: no partials, no merge launch) when the KV is short, where a block's time
-// is its prologue and a few tiles and the merge launch costs more than the parallelism saves.
+// is its prologue and a few tiles and the merge launch costs more than the parallelism saves, and at most
+// TQ_FA_MMA_MAX_CHUNKS: one sequence at 32K ran 128 chunks of 2 tiles, whose merge (a warp per column over all
+// chunks) cost more than the blocks saved (NOTES.md v20: 64 chunks 25.0 us, 128 30.5).
+#ifndef TQ_FA_MMA_MAX_CHUNKS
+#define TQ_FA_MMA_MAX_CHUNKS 64
+#endif
 static inline int tq_fa_want_chunks(int tiles, int base, int nsm, bool mma) {
     if (mma && tiles <= TQ_FA_SINGLE_TILES) {
         return 1;
     }
-    return std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
+    const int want = std::max(1, std::min(tiles, (4 * nsm + base - 1) / base));
+    return mma ? std::min(want, TQ_FA_MMA_MAX_CHUNKS) : want;
 }
 
 // 4-byte asynchronous copies global -> shared (cp.async on sm_80+, a plain copy before): a tile's loads all in
@@ -838,31 +849,26 @@ static __host__ __device__ __forceinline__ int tq_fa_merge_cols(int n_chunks) { 
 static inline unsigned tq_fa_merge_blocks(int n_cols_total, int n_chunks) { // the merge launch's grid
     return (unsigned) ((n_cols_total + tq_fa_merge_cols(n_chunks) - 1) / tq_fa_merge_cols(n_chunks));
 }
-template <int D, int VROT>
-__global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, const float2 * ml, const float * sinks,
-                                                          char * dst, int64_t nb1, int64_t nb2, int64_t nb3,
-                                                          int n_chunks, int n_cols_total, int C, int n_groups,
-                                                          int n_kvh, int tpg, int gqa, int n_q, tq_cu_tables tab) {
-    constexpr int R = D / 32; // values per lane: d = lane + 32 r
-    __shared__ float acc[3][D];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int cpb = tq_fa_merge_cols(n_chunks), wpc = 4 / cpb; // columns per block, warps per column (block-uniform)
-    const int col = blockIdx.x * cpb + warp / wpc, ws = warp % wpc;
-    const int c = col % C, grp = (col / C) % n_groups, kvh = (col / (C * n_groups)) % n_kvh;
-    const int z = col / (C * n_groups * n_kvh);
-    const int tok = grp * tpg + c / gqa, head = kvh * gqa + c % gqa;
-    if (col >= n_cols_total || c >= tpg * gqa || tok >= n_q) {
-        return; // warp-uniform; block-uniform when the warps share a column
-    }
-    // the chunks' (max, sum) pairs: up to 32 MLR of them held in registers, their loads all in flight at once (a
-    // loop over them waited on each load, twice: ~half of this kernel's time, NOTES.md v19); more: re-read
+// One column's merge by one warp, over the chunks of its share (group k of 32 chunks when k % wpc == ws): o gets the
+// chunks' partial outputs weighed by e^(max_i - max), inv the column's 1 / sum (sinks included). The chunks' (max, sum)
+// pairs: up to 32 MLR of them held in registers, their loads all in flight at once (a loop over them waited on each
+// load, twice: ~half of the merge's time, NOTES.md v19); more: re-read. CG: loads through L2 only (the fused merge
+// reads partials other blocks of the same launch wrote).
+template <int D, bool CG>
+static __device__ __forceinline__ void tq_fa_merge_column(const float * part, const float2 * ml, const float * sinks,
+                                                          int head, int n_chunks, int n_cols_total, int col, int ws,
+                                                          int wpc, int lane, float (&o)[D / 32], float & inv) {
+    auto ldml = [&](int i) -> float2 {
+        const float2 * a = ml + (int64_t) i * n_cols_total + col;
+        return CG ? __ldcg(a) : *a;
+    };
     constexpr int MLR = 4;
     const bool held = n_chunks <= 32 * MLR;
     float2 e[MLR];
 #pragma unroll
     for (int k = 0; k < MLR; ++k) {
         const int i = lane + 32 * k;
-        e[k] = held && i < n_chunks ? ml[(int64_t) i * n_cols_total + col] : make_float2(-INFINITY, 0.0f);
+        e[k] = held && i < n_chunks ? ldml(i) : make_float2(-INFINITY, 0.0f);
     }
     float mx = -INFINITY;
     if (held) {
@@ -872,7 +878,7 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
         }
     } else {
         for (int i = lane; i < n_chunks; i += 32) {
-            mx = fmaxf(mx, ml[(int64_t) i * n_cols_total + col].x);
+            mx = fmaxf(mx, ldml(i).x);
         }
     }
     mx = tq_fa_warp_max(mx);
@@ -887,7 +893,7 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
         }
     } else {
         for (int i = lane; i < n_chunks; i += 32) {
-            const float2 ei = ml[(int64_t) i * n_cols_total + col];
+            const float2 ei = ldml(i);
             l += ei.x == -INFINITY ? 0.0f : ei.y * __expf(ei.x - mx);
         }
     }
@@ -895,10 +901,9 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
     if (sinks && mx != -INFINITY) {
         l += __expf(sinks[head] - mx);
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float o[R];
+    inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < D / 32; ++r) {
         o[r] = 0.0f;
     }
     // chunks i0 .. i0 + n - 1 into o, chunk i0 + lane weighing wl (this warp's groups of 32 in ascending order)
@@ -908,8 +913,8 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
             const float wi = __shfl_sync(0xffffffffu, wl, i);
             const float * pr = part + ((int64_t) (i0 + i) * n_cols_total + col) * D + lane;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                o[r] += pr[32 * r] * wi;
+            for (int r = 0; r < D / 32; ++r) {
+                o[r] += (CG ? __ldcg(pr + 32 * r) : pr[32 * r]) * wi;
             }
         }
     };
@@ -926,12 +931,32 @@ __global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, co
             const int n = min(32, n_chunks - i0);
             float wl = 0.0f; // weight of chunk i0 + lane
             if (lane < n) {
-                const float2 ei = ml[(int64_t) (i0 + lane) * n_cols_total + col];
+                const float2 ei = ldml(i0 + lane);
                 wl = ei.x == -INFINITY ? 0.0f : __expf(ei.x - mx);
             }
             add_chunks(i0, n, wl);
         }
     }
+}
+
+template <int D, int VROT>
+__global__ void __launch_bounds__(128) tq_fa_merge_kernel(const float * part, const float2 * ml, const float * sinks,
+                                                          char * dst, int64_t nb1, int64_t nb2, int64_t nb3,
+                                                          int n_chunks, int n_cols_total, int C, int n_groups,
+                                                          int n_kvh, int tpg, int gqa, int n_q, tq_cu_tables tab) {
+    constexpr int R = D / 32; // values per lane: d = lane + 32 r
+    __shared__ float acc[3][D];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cpb = tq_fa_merge_cols(n_chunks), wpc = 4 / cpb; // columns per block, warps per column (block-uniform)
+    const int col = blockIdx.x * cpb + warp / wpc, ws = warp % wpc;
+    const int c = col % C, grp = (col / C) % n_groups, kvh = (col / (C * n_groups)) % n_kvh;
+    const int z = col / (C * n_groups * n_kvh);
+    const int tok = grp * tpg + c / gqa, head = kvh * gqa + c % gqa;
+    if (col >= n_cols_total || c >= tpg * gqa || tok >= n_q) {
+        return; // warp-uniform; block-uniform when the warps share a column
+    }
+    float o[R], inv;
+    tq_fa_merge_column<D, false>(part, ml, sinks, head, n_chunks, n_cols_total, col, ws, wpc, lane, o, inv);
     if (wpc > 1) { // block-uniform
         if (ws > 0) {
 #pragma unroll

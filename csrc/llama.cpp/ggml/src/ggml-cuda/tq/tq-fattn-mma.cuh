@@ -750,5 +750,41 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     if (tid < p.ncol) {
         p.ml[base + tid] = tq_mma_col_ml(red, tid);
     }
+    if (p.done == nullptr) {
+        return; // the merge kernel follows
+    }
+    // fused merge: the last chunk of the column group to finish merges all of them (a release / acquire pair of
+    // fences around the count, as in CUDA's threadFenceReduction sample; partials read through L2)
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned * cnt = p.done + blockIdx.y + gridDim.y * blockIdx.z;
+        is_last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+        if (is_last) {
+            *cnt = 0u; // every chunk has counted: ready for the next launch
+        }
+    }
+    __syncthreads();
+    if (!is_last) {
+        return;
+    }
+    __threadfence();
+    // a warp per output row over all chunks, the block's columns side by side (one column at a time with the chunks
+    // shared by the four warps was ~2x slower: four latency chains in a row, NOTES.md v20)
+    for (int c = warp; c < C; c += TQ_MMA_WARPS) {
+        const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
+        if (tk >= p.n_q) {
+            continue;
+        }
+        float o[D / 32], inv;
+        tq_fa_merge_column<D, true>(p.part, p.ml, p.sinks, h, (int) gridDim.x, p.n_cols_total, col0 + c, 0, 1, lane,
+                                    o, inv);
+#pragma unroll
+        for (int r = 0; r < D / 32; ++r) {
+            o[r] *= inv;
+        }
+        tq_fa_out_row<D, 128>(o, lane, p.tab, reinterpret_cast<float *>(p.mdst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
+    }
 #endif // __CUDA_ARCH__ >= 800
 }

@@ -33,8 +33,9 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
     bool mma = false; // both sides TQ (128-value blocks) on sm_80 or newer: tensor cores
     if constexpr (tq_fa_is_tq128(TK) && tq_fa_is_tq128(TV)) {
         if (ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc)) {
-            if (n_chunks == 1) { // single pass: the kernel writes dst
-                p.dst = (char *) dst->data;
+            p.done = n_chunks > 1 ? ggml_cuda_tq_fa_counters(ctx, (size_t) grid.y * grid.z) : nullptr;
+            if (n_chunks == 1 || p.done != nullptr) { // the kernel writes dst: single pass, or the fused merge
+                (n_chunks == 1 ? p.dst : p.mdst) = (char *) dst->data;
                 p.dnb1 = dst->nb[1]; p.dnb2 = dst->nb[2]; p.dnb3 = dst->nb[3];
                 p.sinks = sinks ? (const float *) sinks->data : nullptr;
             }
@@ -46,7 +47,7 @@ static void tq_fa_launch(ggml_backend_cuda_context & ctx, ggml_tensor * dst, tq_
         tq_fa_decode_kernel<D, C, TK, TV><<<grid, TQ_FA_THREADS, 0, stream>>>(p);
     }
     CUDA_CHECK(cudaGetLastError());
-    if (p.dst != nullptr) {
+    if (p.dst != nullptr || p.done != nullptr) {
         return;
     }
     tq_fa_merge_kernel<D, tq_fa_block_n(TV)><<<tq_fa_merge_blocks(p.n_cols_total, n_chunks), 128, 0, stream>>>(
