@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -132,15 +134,20 @@ def test_fa_bandwidth_bytes_and_fraction() -> None:
         fb.table(perf, "")
 
 
+def _bench_ratios() -> ModuleType:
+    """scripts/gpu/bench_ratios.py (a script, not a package module), loaded by path."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_ratios", Path(__file__).parents[1] / "scripts/gpu/bench_ratios.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_bench_ratios_pairs_rounds_with_f16() -> None:
     """scripts/gpu/bench_ratios.py: the n-th llama-bench table of a pair against the n-th f16 table, per test."""
-    import importlib.util
-
-    gpu = Path(__file__).parents[1] / "scripts" / "gpu"
-    spec = importlib.util.spec_from_file_location("bench_ratios", gpu / "bench_ratios.py")
-    assert spec is not None and spec.loader is not None
-    br = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(br)
+    br = _bench_ratios()
 
     def table(kv: str | None, tg: float, pp: float) -> str:
         head = "| model | ngl |" + (" type_k | type_v |" if kv else "") + " fa | test | t/s |\n"
@@ -160,13 +167,7 @@ def test_bench_ratios_pairs_rounds_with_f16() -> None:
 
 def test_bench_tables_read_round_files() -> None:
     """A run_cuda-style interleaved file whose llama-bench rows come without headers after "round N KIND" lines."""
-    import importlib.util
-
-    gpu = Path(__file__).parents[1] / "scripts" / "gpu"
-    spec = importlib.util.spec_from_file_location("bench_ratios", gpu / "bench_ratios.py")
-    assert spec is not None and spec.loader is not None
-    br = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(br)
+    br = _bench_ratios()
     md = ""
     for r, (f16, tq3) in enumerate([(1000, 950), (1100, 1210), (1000, 1000)], 1):
         md += f"round {r} f16\n| m | 1.0 MiB | CUDA | 99 | 1 | tg128 | {f16:.2f} ± 3.00 |\n"
