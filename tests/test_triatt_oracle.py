@@ -28,9 +28,9 @@ HERE = Path(__file__).resolve().parent
 N, T, WARMUP, WINDOW = 2048, 1536, 1024, 128
 
 
-@pytest.fixture(scope="module")
-def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("qk")
+def make_dump(work: Path) -> Path:
+    """Builds tests/c/dump_qk.cpp against the installed library and runs it into work (also used by
+    bench/triatt_hindsight.py)."""
     exe = work / "dump_qk"
     lib = llama_tq.lib_dir()
     subprocess.run(["g++", "-std=c++17", "-O2", "-I", str(llama_tq.include_dir()), str(HERE / "c" / "dump_qk.cpp"),
@@ -40,6 +40,11 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text.write_text(default_text()[200_000:260_000])  # well inside the text: no start-of-document effects
     subprocess.run([str(exe), str(default_model()), str(text), str(N), str(work)], check=True, timeout=600)
     return work
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dump(tmp_path_factory.mktemp("qk"))
 
 
 def oracle_and_score(dump: Path) -> tuple[np.ndarray, np.ndarray]:
