@@ -7,8 +7,9 @@ the full-attention layers (the cache the hook evicts). Every selection keeps the
 the budget; the table is the share of that mass it keeps:
   hindsight   the keys with the most later mass (needs the future: an upper bound for every policy)
   SnapKV-W    the keys the last W queries before T attended to most (observed attention, summed over heads)
-  TriAtt top  the highest TriAttention scores (V1 without pooling), V3 shipped / without pooling, StreamingLLM
-              (prefix 128 + most recent), random (the hook's fixed hash), all through the library's triatt_select.
+  TriAtt top  the highest TriAttention scores (V1 without pooling), V3 shipped / without pooling, V3 with pooling
+              only around the top 2 / 5 / 10 % of scores, StreamingLLM (prefix 128 + most recent), random (the hook's
+              fixed hash), all through the library's triatt_select.
 
     python bench/triatt_hindsight.py [--out bench/results/evict/hindsight]
 """
@@ -74,11 +75,17 @@ def main() -> None:
         keep = tri.select(np.arange(T, dtype=np.int32), s.astype(np.float32), budget=budget, window=W, **kw)
         return float(mass[keep].sum() / total)
 
-    cols = ["hindsight", "SnapKV-32", "SnapKV-128", "TriAtt top", "V3 shipped", "V3 no pool", "StreamingLLM", "random"]
+    # pooling only around strong peaks: a cell takes the best score within 8 positions only when that score is in
+    # the top q of all scores (a needle's span kept whole; elsewhere each cell its own score), then V3 without pooling
+    pooled = np.array([score[max(0, i - 8) : i + 9].max() for i in range(T)])
+    peaks = {q: np.where(pooled >= np.quantile(score, 1 - q), pooled, score) for q in (0.02, 0.05, 0.10)}
+    cols = ["hindsight", "SnapKV-32", "SnapKV-128", "TriAtt top", "V3 shipped", "V3 no pool", "V3 peaks 2%",
+            "V3 peaks 5%", "V3 peaks 10%", "StreamingLLM", "random"]  # fmt: skip
     rows = []
     for budget in (384, 768, 1152):
         vals = [top(mass, budget), top(snap[32], budget), top(snap[128], budget), top(score, budget),
                 select(score, budget, hybrid=2), select(score, budget, hybrid=2, pool=0),
+                *(select(peaks[q], budget, hybrid=2, pool=0) for q in (0.02, 0.05, 0.10)),
                 select(score, budget, hybrid=3), select(score, budget, hybrid=4)]  # fmt: skip
         rows.append({"budget": budget, **dict(zip(cols, vals, strict=True))})
     lines = [f"Share of the 512 later queries' attention mass kept among {T} cached keys (window {W} kept), "
