@@ -89,12 +89,12 @@ static void launch(int mma, tq_fa_params & p, int n_chunks, int n_kvh, int n_seq
             // the merge fused into the kernel, as the host runs it (TQ_FA_SEPARATE_MERGE=1: the merge kernel)
             static unsigned * counters = [] {
                 unsigned * c = nullptr;
-                CK(cudaMalloc(&c, 16384 * sizeof(unsigned)));
-                CK(cudaMemset(c, 0, 16384 * sizeof(unsigned)));
+                CK(cudaMalloc(&c, TQ_FA_DONE_COUNTERS * sizeof(unsigned)));
+                CK(cudaMemset(c, 0, TQ_FA_DONE_COUNTERS * sizeof(unsigned)));
                 return c;
             }();
             static const bool separate = getenv("TQ_FA_SEPARATE_MERGE") && atoi(getenv("TQ_FA_SEPARATE_MERGE"));
-            if (mma == 1 && n_chunks > 1 && !separate && grid.y * grid.z <= 16384) {
+            if (mma == 1 && n_chunks > 1 && !separate && grid.y * grid.z <= TQ_FA_DONE_COUNTERS) {
                 p.done = counters;
                 p.mdst = (char *) dst;
             }

@@ -926,7 +926,7 @@ unsigned * ggml_cuda_tq_fa_counters(ggml_backend_cuda_context & ctx, size_t n) {
         const char * e = getenv("LLAMA_TQ_CUDA_FUSED_MERGE");
         return e == nullptr || atoi(e) != 0;
     }();
-    constexpr size_t N = 16384; // 64 KB: sequences x KV heads x column groups of one FA launch
+    constexpr size_t N = TQ_FA_DONE_COUNTERS;
     if (!on || n > N) {
         return nullptr;
     }

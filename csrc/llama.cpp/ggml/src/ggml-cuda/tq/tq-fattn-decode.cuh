@@ -83,7 +83,7 @@ struct tq_fa_params {
     // split-K with the merge fused into the tensor-core kernel (nullptr: the merge kernel runs): a counter per
     // (KV head x column group, sequence), 0 between launches; the chunk that finishes last merges its column group's
     // chunks and writes mdst (strides dnb1..3), so a decode step has one launch less per layer (NOTES.md v20)
-    unsigned * done;
+    unsigned * done; // TQ_FA_DONE_COUNTERS of them in a buffer
     char * mdst;
     float scale, softcap, m0, m1, max_bias;
     int n_head_log2;
@@ -93,6 +93,8 @@ struct tq_fa_params {
     int q_early;
     tq_cu_tables tab;
 };
+
+#define TQ_FA_DONE_COUNTERS 16384 // a fused-merge counter buffer (64 KB): sequences x KV heads x column groups
 
 // Chunks per (sequence, KV head, column group): enough for ~4 blocks per SM, each a whole number of tiles; with the
 // tensor-core kernel, one (its single pass: no partials, no merge launch) when the KV is short, where a block's time
