@@ -92,6 +92,21 @@ def test_pool_reaches_the_engine(text: Path) -> None:
     proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL": "0"})
     assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 0$", proc.stderr, re.M)
     assert "triatt: evict:" in proc.stderr
+    assert "pooling only toward" not in proc.stderr
+
+
+def test_pool_top_reaches_the_engine(text: Path) -> None:
+    """--triatt-pool-top (and TRIATT_POOL_TOP) reach libllama: pooling toward the top P % only evicts other cells than
+    pooling everywhere; a percentage over 100 is refused before any work."""
+    logs = {}
+    for top in ("0", "2"):
+        proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL_TOP": top})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert ("triatt: pooling only toward the top 2 % of the scores" in proc.stderr) == (top == "2")
+        logs[top] = proc.stderr
+    assert final_ppl(logs["0"]) != final_ppl(logs["2"])
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-pool-top", "101")
+    assert proc.returncode != 0 and "--triatt-pool-top is a percentage of the scores, 0-100 (got 101)" in proc.stderr
 
 
 @pytest.mark.parametrize(("hybrid", "name"), [(3, "StreamingLLM"), (4, "random")])

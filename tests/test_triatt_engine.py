@@ -20,11 +20,21 @@ def ref_pool(pos: np.ndarray, score: np.ndarray, r: int) -> np.ndarray:
     return best
 
 
+def ref_peaks(score: np.ndarray, pooled: np.ndarray, top: int) -> np.ndarray:
+    """Pooled scores kept only where they reach the top `top` % of the scores (the lower (1 - top/100) quantile
+    of the non-NaN ones), the cell's own score elsewhere."""
+    v = np.sort(score[~np.isnan(score)])
+    if top <= 0 or top >= 100 or len(v) == 0:
+        return pooled
+    thr = v[(len(v) - 1) * (100 - top) // 100]
+    return np.where(pooled >= thr, pooled, score)
+
+
 def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, prefix: int, window: int,
-               segments: int, pool: int = 0) -> np.ndarray:  # fmt: skip
+               segments: int, pool: int = 0, pool_top: int = 0) -> np.ndarray:  # fmt: skip
     n = len(pos)
     if pool > 0 and hybrid <= 2:
-        score = ref_pool(pos, score, pool)
+        score = ref_peaks(score, ref_pool(pos, score, pool), pool_top)
     keep = np.zeros(n, bool)
     if n <= budget:
         return ~keep
@@ -61,10 +71,10 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     return keep
 
 
-@pytest.mark.parametrize("pool", [0, 1, 4])
+@pytest.mark.parametrize(("pool", "pool_top"), [(0, 0), (1, 0), (4, 0), (4, 2), (8, 10)])
 @pytest.mark.parametrize("hybrid", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("seed", range(6))
-def test_select_matches_reference(hybrid: int, seed: int, pool: int) -> None:
+def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: int) -> None:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(300, 3000))
     pos = rng.permutation(n + 50)[:n].astype(np.int32)  # distinct, unordered, with holes (earlier evictions)
@@ -73,8 +83,9 @@ def test_select_matches_reference(hybrid: int, seed: int, pool: int) -> None:
     budget = int(rng.integers(300, n)) if n > 300 else 299
     segments = int(rng.integers(1, 12))
     score[rng.integers(0, n, 5)] = np.nan
-    got = tri.select(pos, score, budget=budget, hybrid=hybrid, prefix=64, window=100, segments=segments, pool=pool)
-    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool)
+    got = tri.select(pos, score, budget=budget, hybrid=hybrid, prefix=64, window=100, segments=segments, pool=pool,
+                     pool_top=pool_top)  # fmt: skip
+    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool, pool_top)
     assert np.array_equal(got, want)
     assert got.sum() == min(n, budget)
 
@@ -127,6 +138,16 @@ def test_pool_keeps_spans_whole() -> None:
         pooled = tri.select(pos, score, budget=600, hybrid=hybrid, window=128)  # the default pool (8)
         assert plain[706] and not plain[span].all()
         assert pooled[span].all() and pooled.sum() == plain.sum() == 600
+    # pooling toward the top 2 % of scores only: the strong peak's span stays whole; a weaker peak (top ~3 %) is
+    # kept but its neighbours are ranked by their own scores (-5: evicted)
+    weak = np.arange(1500, 1513)
+    score[weak] = -5.0
+    score[1506] = 1.9
+    assert np.quantile(score, 0.98) > 1.9 > np.quantile(score, 0.9)
+    assert tri.select(pos, score, budget=600, hybrid=2, window=128, pool=8, pool_top=2)[span].all()
+    peaks = tri.select(pos, score, budget=600, hybrid=2, window=128, pool=2, pool_top=2)
+    assert peaks[1506] and not peaks[np.setdiff1d(weak, [1506])].any()
+    assert tri.select(pos, score, budget=600, hybrid=2, window=128, pool=2, pool_top=0)[1504:1509].all()
     for hybrid in (3, 4):
         assert np.array_equal(tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=6),
                               tri.select(pos, score, budget=600, hybrid=hybrid, window=128))  # fmt: skip
@@ -151,6 +172,8 @@ def test_select_small_and_nan() -> None:
         ({"budget": 1000, "window": -1}, "--triatt-window must not be negative"),
         ({"budget": 1000, "segments": 0}, "--triatt-segments must be at least 1"),
         ({"budget": 1000, "pool": -2}, "--triatt-pool must not be negative"),
+        ({"budget": 1000, "pool_top": -1}, "--triatt-pool-top must not be negative"),
+        ({"budget": 1000, "pool_top": 101}, "--triatt-pool-top is a percentage of the scores, 0-100"),
         ({"budget": -5}, "--triatt-budget must not be negative"),
     ],
 )

@@ -22,6 +22,7 @@ void triatt_config_default(triatt_config *c) {
     c->warmup = 1024;
     c->boundary_skip = 0;
     c->pool = 8;
+    c->pool_top = 0;
 }
 
 const char *triatt_policy_name(int32_t hybrid) {
@@ -40,7 +41,7 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
         int32_t v;
     } f[] = {{"budget", c->budget}, {"prefix", c->prefix},   {"window", c->window},
              {"divide", c->divide}, {"warmup", c->warmup}, {"boundary-skip", c->boundary_skip},
-             {"pool", c->pool}};
+             {"pool", c->pool}, {"pool-top", c->pool_top}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; ++i) {
         if (f[i].v < 0) {
             snprintf(msg, msg_size, "--triatt-%s must not be negative (got %d)", f[i].name, f[i].v);
@@ -50,6 +51,10 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     if (c->hybrid < 0 || c->hybrid > 4) {
         snprintf(msg, msg_size,
                  "--triatt-hybrid must be 0 (V1), 1 (V2), 2 (V3), 3 (StreamingLLM) or 4 (random) (got %d)", c->hybrid);
+        return -1;
+    }
+    if (c->pool_top > 100) {
+        snprintf(msg, msg_size, "--triatt-pool-top is a percentage of the scores, 0-100 (got %d)", c->pool_top);
         return -1;
     }
     if (c->segments < 1) {
@@ -133,6 +138,37 @@ static int pool_scores(int32_t n, const int32_t *pos, const float *score, int32_
     return 0;
 }
 
+static int by_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Pooling toward the strongest peaks only: pooled[i] stays where it reaches the top `top` % of the scores (the
+ * (1 - top/100) quantile of the non-NaN ones, lower neighbour), elsewhere it falls back to the cell's own score. */
+static int pool_keep_peaks(int32_t n, const float *score, int32_t top, float *pooled) {
+    float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (v == NULL) {
+        return -1;
+    }
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        if (!isnan(score[i])) {
+            v[m++] = score[i];
+        }
+    }
+    if (m > 0) {
+        qsort(v, (size_t)m, sizeof *v, by_float);
+        const float thr = v[(int64_t)(m - 1) * (100 - top) / 100];
+        for (int32_t i = 0; i < n; ++i) {
+            if (!(pooled[i] >= thr)) {
+                pooled[i] = score[i];
+            }
+        }
+    }
+    free(v);
+    return 0;
+}
+
 /* Keeps the k best of the cells cand[0, m) by g_sel.score (reordering them). */
 static void take(int32_t *cand, int32_t m, int32_t k, uint8_t *keep) {
     qsort(cand, (size_t)m, sizeof *cand, by_score);
@@ -193,7 +229,8 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
     float *pooled = NULL; /* V1-V3 with pool > 0: the neighbourhood's best score in place of the cell's own */
     if (!rank && c->pool > 0) {
         pooled = malloc(sizeof(float) * (size_t)n);
-        if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0) {
+        if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0 ||
+            (c->pool_top > 0 && c->pool_top < 100 && pool_keep_peaks(n, score, c->pool_top, pooled) != 0)) {
             free(pooled);
             free(cand);
             return -1;
