@@ -114,13 +114,7 @@ def test_eviction_configs_name_every_run() -> None:
 
 def test_fa_bandwidth_bytes_and_fraction() -> None:
     """scripts/gpu/fa_bandwidth.py: K and V bytes per FA decode case from the types' row sizes, over the copy's rate."""
-    import importlib.util
-
-    script = Path(__file__).parents[1] / "scripts" / "gpu" / "fa_bandwidth.py"
-    spec = importlib.util.spec_from_file_location("fa_bandwidth", script)
-    assert spec is not None and spec.loader is not None
-    fb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fb)
+    fb = _script("scripts/gpu/fa_bandwidth.py")
     assert fb.row_bytes("tq3", 256) == 104 and fb.row_bytes("q8_0", 128) == 136 and fb.row_bytes("f16", 128) == 256
     with pytest.raises(ValueError):
         fb.row_bytes("tq3", 96)
@@ -134,15 +128,18 @@ def test_fa_bandwidth_bytes_and_fraction() -> None:
         fb.table(perf, "")
 
 
-def _bench_ratios() -> ModuleType:
-    """scripts/gpu/bench_ratios.py (a script, not a package module), loaded by path."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_ratios", Path(__file__).parents[1] / "scripts/gpu/bench_ratios.py"
-    )
+def _script(rel: str) -> ModuleType:
+    """A script of the repository (not a package module), loaded by path."""
+    path = Path(__file__).parents[1] / rel
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _bench_ratios() -> ModuleType:
+    return _script("scripts/gpu/bench_ratios.py")
 
 
 def test_bench_ratios_pairs_rounds_with_f16() -> None:
@@ -178,3 +175,21 @@ def test_bench_tables_read_round_files() -> None:
     assert tables[3] == ("tq3/tq3", {"tg128": 1210.0})
     out = br.ratio_table(md)
     assert "| tg128 | 1000 / 1100 / 1000 | 950 / 1210 / 1000 (0.950 / 1.100 / 1.000, median 1.000) |" in out
+
+
+def test_kernel_trace_steps_and_busy_time(tmp_path: Path) -> None:
+    """bench/cuda/kernel_trace_stats.py: a graph launch's kernels (one correlation id) are a step; a depth's prefill
+    kernels (one id each) are not; overlapping kernels (PDL) count once in the busy time."""
+    kt = _script("bench/cuda/kernel_trace_stats.py")
+    lines = [f"{i * 10} {i * 10 + 5} {100 + i} 0 1 1 1 128 _Z7prefillv" for i in range(50)]  # 50 lone kernels
+    for step in range(3):  # 3 steps of 12 kernels: 1 us each, 0.5 us apart, the last one overlapping its predecessor
+        t = 10_000 + step * 100_000
+        for k in range(12):
+            start = t + k * 1500 - (1000 if k == 11 else 0)
+            lines.append(f"{start} {start + 1000} {7 + step} {k} 4 1 1 128 _Z8k_decodev")
+    trace = tmp_path / "t.txt"
+    trace.write_text("\n".join(lines) + "\n")
+    steps = kt.load_steps(str(trace), 1200)
+    assert len(steps) == 3 and all(len(s) == 12 for s in steps)
+    # busy: kernels 0..10 at 1.5 us pitch (11 us), kernel 11 inside kernel 10's tail + 0.5 us: 11 + 0.5
+    assert kt.busy_ns(steps[0]) == 11 * 1000 + 500
