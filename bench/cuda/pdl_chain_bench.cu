@@ -32,6 +32,36 @@ static __global__ void k_filler(float * x, int iters) {
     x[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
 
+// the step's matmuls also stream their weights through L2 (~60 MB a step on llama-bench's model): a filler that
+// reads `n4` float4 of its layer's buffer
+static __global__ void k_stream(const float4 * w, int64_t n4, float * out) {
+    tq_pdl_wait();
+    float a = 0.0f;
+    for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n4; i += (int64_t) gridDim.x * blockDim.x) {
+        const float4 v = w[i];
+        a += v.x + v.y + v.z + v.w;
+    }
+    tq_pdl_trigger();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = a;
+}
+
+// every cell of a layer's cache written once (data = 1: real blocks in the open cells, not zeros)
+template <int BK, int BV>
+static __global__ void __launch_bounds__(TQ_BLOCK) k_write_all(const float * src, uint8_t * K, uint8_t * V,
+                                                               const __grid_constant__ tq_cu_tables tab) {
+    __shared__ tq_cu_tables t;
+    __shared__ tq_cu_qscratch sm;
+    tq_cu_tables_load<TQ_BLOCK>(t, tab, threadIdx.x);
+    const int b = blockIdx.x, h = b % NKVH, cell = blockIdx.y;
+    const float v = src[((size_t) cell * 2 * NKVH + b) * D + threadIdx.x];
+    __syncthreads();
+    if (b < NKVH) {
+        tq_cu_quantize_block<BK>(t, v, K + ((size_t) cell * NKVH + h) * tq_cu_block_bytes(BK), sm, threadIdx.x);
+    } else {
+        tq_cu_quantize_block<BV>(t, v, V + ((size_t) cell * NKVH + h) * tq_cu_block_bytes(BV), sm, threadIdx.x);
+    }
+}
+
 // the fused K/V write of one token (blocks 0-3: K heads, 4-7: V heads), as k_tq_quantize_rows2 runs it
 template <int BK, int BV>
 static __global__ void __launch_bounds__(TQ_BLOCK) k_write(const float * src, uint8_t * K, uint8_t * V, int cell,
@@ -66,7 +96,7 @@ static void launch(bool pdl, Kernel kernel, dim3 grid, dim3 block, cudaStream_t 
 }
 
 template <int TK, int TV>
-static double run(bool pdl, int open, int filler_iters) {
+static double run(bool pdl, int open, int filler_iters, bool data = false, bool stream = false) {
     constexpr int BK = TK == TQFA_TQ3 ? 3 : 4, BV = TV == TQFA_TQ3 ? 3 : 4;
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -91,14 +121,31 @@ static double run(bool pdl, int open, int filler_iters) {
     CK(cudaMemcpy(dsrc, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dmask, mask.data(), NKV * 2, cudaMemcpyHostToDevice));
     const size_t kbytes = (size_t) NKV * NKVH * tq_cu_block_bytes(BK), vbytes = (size_t) NKV * NKVH * tq_cu_block_bytes(BV);
+    tq_cu_tables tab;
+    tq_cu_tables_init(&tab);
+    float * dall = nullptr;
+    if (data) {
+        std::vector<float> all((size_t) NKV * 2 * NKVH * D);
+        for (auto & x : all) x = nd(rng);
+        CK(cudaMalloc(&dall, all.size() * 4));
+        CK(cudaMemcpy(dall, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
+    }
     for (int l = 0; l < LAYERS; ++l) {
         CK(cudaMalloc(&dk[l], kbytes));
         CK(cudaMalloc(&dv[l], vbytes));
         CK(cudaMemset(dk[l], 0, kbytes));
         CK(cudaMemset(dv[l], 0, vbytes));
+        if (data) {
+            k_write_all<BK, BV><<<dim3(2 * NKVH, NKV), TQ_BLOCK>>>(dall, dk[l], dv[l], tab);
+            CK(cudaGetLastError());
+        }
     }
-    tq_cu_tables tab;
-    tq_cu_tables_init(&tab);
+    const int64_t w4 = stream ? (int64_t) (8 << 20) / 16 : 0; // 8 MB a layer
+    float4 * dw = nullptr;
+    if (stream) {
+        CK(cudaMalloc(&dw, (size_t) w4 * 16 * (LAYERS + 1)));
+        CK(cudaMemset(dw, 0, (size_t) w4 * 16 * (LAYERS + 1)));
+    }
 
     tq_fa_params p;
     memset(&p, 0, sizeof p);
@@ -129,14 +176,21 @@ static double run(bool pdl, int open, int filler_iters) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    auto filler = [&](int l) {
+        if (stream) {
+            launch(pdl, k_stream, dim3(132 * 4), dim3(128), s, (const float4 *) (dw + (size_t) l * w4), w4, fill);
+        } else {
+            launch(pdl, k_filler, dim3(132 * 4), dim3(128), s, fill, filler_iters);
+        }
+    };
     for (int l = 0; l < LAYERS; ++l) {
-        launch(pdl, k_filler, dim3(132 * 4), dim3(128), s, fill, filler_iters);
+        filler(l);
         launch(pdl, k_write<BK, BV>, dim3(2 * NKVH), dim3(TQ_BLOCK), s, (const float *) dsrc, dk[l], dv[l], open - 1, tab);
         p.K = (const char *) dk[l];
         p.V = (const char *) dv[l];
         launch(pdl, tq_fa_mma_kernel<D, TK, TV>, dim3(1, NKVH, 1), dim3(TQ_MMA_WARPS * 32), s, p);
     }
-    launch(pdl, k_filler, dim3(132 * 4), dim3(128), s, fill, filler_iters);
+    filler(LAYERS);
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     for (int w = 0; w < 50; ++w) CK(cudaGraphLaunch(ge, s));
@@ -159,26 +213,33 @@ static double run(bool pdl, int open, int filler_iters) {
     }
     CK(cudaFree(dq)); CK(cudaFree(dsrc)); CK(cudaFree(dout)); CK(cudaFree(fill)); CK(cudaFree(dmask));
     CK(cudaFree(p.part)); CK(cudaFree(p.ml));
+    if (dall) CK(cudaFree(dall));
+    if (dw) CK(cudaFree(dw));
     return ms * 1e3 / reps / LAYERS;
 }
 
 int main(int argc, char ** argv) {
     const int iters = argc > 1 ? atoi(argv[1]) : 2000;
-    if (argc > 4) { // one variant (for a tracer): pair (33, 44, 34, 43), pdl, open
+    if (argc > 4) { // one variant (for a tracer): pair (33, 44, 34, 43), pdl, open [, data, stream]
         const int pair = atoi(argv[2]), pdl = atoi(argv[3]), open = atoi(argv[4]);
-        const double us = pair == 33 ? run<TQFA_TQ3, TQFA_TQ3>(pdl, open, iters)
-                          : pair == 44 ? run<TQFA_TQ4, TQFA_TQ4>(pdl, open, iters)
-                          : pair == 34 ? run<TQFA_TQ3, TQFA_TQ4>(pdl, open, iters)
-                                       : run<TQFA_TQ4, TQFA_TQ3>(pdl, open, iters);
-        printf("pair %d pdl %d open %d: %.2f us a layer\n", pair, pdl, open, us);
+        const bool data = argc > 5 && atoi(argv[5]), stream = argc > 6 && atoi(argv[6]);
+        const double us = pair == 33 ? run<TQFA_TQ3, TQFA_TQ3>(pdl, open, iters, data, stream)
+                          : pair == 44 ? run<TQFA_TQ4, TQFA_TQ4>(pdl, open, iters, data, stream)
+                          : pair == 34 ? run<TQFA_TQ3, TQFA_TQ4>(pdl, open, iters, data, stream)
+                                       : run<TQFA_TQ4, TQFA_TQ3>(pdl, open, iters, data, stream);
+        printf("pair %d pdl %d open %d data %d stream %d: %.2f us a layer\n", pair, pdl, open, data, stream, us);
         return 0;
     }
     printf("graph of %d layers x [filler (528 blocks, %d iterations), K/V write, FA single pass]: us a layer\n", LAYERS, iters);
     for (int open : {64, 128}) {
-        for (int pdl : {1, 0}) {
-            printf("open %3d pdl %d: tq3/tq3 %6.2f  tq4/tq4 %6.2f  tq3/tq4 %6.2f  tq4/tq3 %6.2f\n", open, pdl,
-                   run<TQFA_TQ3, TQFA_TQ3>(pdl, open, iters), run<TQFA_TQ4, TQFA_TQ4>(pdl, open, iters),
-                   run<TQFA_TQ3, TQFA_TQ4>(pdl, open, iters), run<TQFA_TQ4, TQFA_TQ3>(pdl, open, iters));
+        for (int ds : {0, 1, 2, 3}) { // cache data (bit 0), streaming filler (bit 1)
+            for (int pdl : {1, 0}) {
+                const bool d = ds & 1, st = ds & 2;
+                printf("open %3d data %d stream %d pdl %d: tq3/tq3 %6.2f  tq4/tq4 %6.2f  tq3/tq4 %6.2f  tq4/tq3 %6.2f\n",
+                       open, d, st, pdl, run<TQFA_TQ3, TQFA_TQ3>(pdl, open, iters, d, st),
+                       run<TQFA_TQ4, TQFA_TQ4>(pdl, open, iters, d, st), run<TQFA_TQ3, TQFA_TQ4>(pdl, open, iters, d, st),
+                       run<TQFA_TQ4, TQFA_TQ3>(pdl, open, iters, d, st));
+            }
         }
     }
     return 0;
