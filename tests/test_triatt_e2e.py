@@ -85,9 +85,15 @@ def test_env_fallback_and_flag_wins(text: Path) -> None:
     assert proc.returncode == 0 and "triatt: evict:" not in proc.stderr
 
 
-def test_pool_reaches_the_engine(text: Path) -> None:
+@pytest.fixture(scope="module")
+def v3_default(text: Path) -> subprocess.CompletedProcess[str]:
+    """V3 at budget 768 with the library's defaults otherwise (pool 8 everywhere): shared by the pooling tests."""
+    return perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256")
+
+
+def test_pool_reaches_the_engine(text: Path, v3_default: subprocess.CompletedProcess[str]) -> None:
     """--triatt-pool (default 8) and its TRIATT_POOL alias reach libllama's eviction, as its configuration line says."""
-    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256")
+    proc = v3_default
     assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 8$", proc.stderr, re.M)
     proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL": "0"})
     assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 0$", proc.stderr, re.M)
@@ -95,15 +101,15 @@ def test_pool_reaches_the_engine(text: Path) -> None:
     assert "pooling only toward" not in proc.stderr
 
 
-def test_pool_top_reaches_the_engine(text: Path) -> None:
+def test_pool_top_reaches_the_engine(text: Path, v3_default: subprocess.CompletedProcess[str]) -> None:
     """--triatt-pool-top (and TRIATT_POOL_TOP) reach libllama: pooling toward the top P % only evicts other cells than
-    pooling everywhere; a percentage over 100 is refused before any work."""
-    logs = {}
-    for top in ("0", "2"):
-        proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL_TOP": top})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert ("triatt: pooling only toward the top 2 % of the scores" in proc.stderr) == (top == "2")
-        logs[top] = proc.stderr
+    pooling everywhere (the default, P = 0); a percentage over 100 is refused before any work."""
+    logs = {"0": v3_default.stderr}
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL_TOP": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs["2"] = proc.stderr
+    for top, log in logs.items():
+        assert ("triatt: pooling only toward the top 2 % of the scores" in log) == (top == "2")
     assert final_ppl(logs["0"]) != final_ppl(logs["2"])
     proc = perplexity(text, "--triatt-budget", "768", "--triatt-pool-top", "101")
     assert proc.returncode != 0 and "--triatt-pool-top is a percentage of the scores, 0-100 (got 101)" in proc.stderr

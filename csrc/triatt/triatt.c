@@ -32,6 +32,10 @@ const char *triatt_policy_name(int32_t hybrid) {
 
 int triatt_policy_scored(int32_t hybrid) { return hybrid >= 0 && hybrid <= 2; }
 
+int triatt_pool_peaks_only(const triatt_config *c) {
+    return triatt_policy_scored(c->hybrid) && c->pool > 0 && c->pool_top > 0 && c->pool_top < 100;
+}
+
 /* Positions < prefix are protected by V3 and by the baselines (StreamingLLM's attention sinks). */
 static int protects_prefix(int32_t hybrid) { return hybrid >= 2; }
 
@@ -230,7 +234,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
     if (!rank && c->pool > 0) {
         pooled = malloc(sizeof(float) * (size_t)n);
         if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0 ||
-            (c->pool_top > 0 && c->pool_top < 100 && pool_keep_peaks(n, score, c->pool_top, pooled) != 0)) {
+            (triatt_pool_peaks_only(c) && pool_keep_peaks(n, score, c->pool_top, pooled) != 0)) {
             free(pooled);
             free(cand);
             return -1;

@@ -62,6 +62,10 @@ const char *triatt_policy_name(int32_t hybrid);
 /* Whether the policy ranks cells by the TriAttention score (V1-V3) rather than by position alone. */
 int triatt_policy_scored(int32_t hybrid);
 
+/* Whether the selection pools only toward the top pool_top % of the scores: a scored policy, pool > 0 and
+ * 0 < pool_top < 100 (0 and 100 both pool everywhere). */
+int triatt_pool_peaks_only(const triatt_config *c);
+
 /* 0 if usable, else -1 with a message: negative values, hybrid outside 0..4, segments < 1, and a budget that does
  * not exceed the protected cells (window, plus prefix for V3 and the baselines). budget 0 is valid (off). */
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size);

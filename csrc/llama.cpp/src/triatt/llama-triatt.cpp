@@ -792,7 +792,7 @@ int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * 
         LLAMA_LOG_INFO("triatt: %s eviction on: budget %d, prefix %d, window %d, segments %d, divide %d, warmup %d, "
                        "pool %d\n", triatt_policy_name(cfg.hybrid), cfg.budget, cfg.prefix, cfg.window, cfg.segments,
                        cfg.divide, cfg.warmup, cfg.pool);
-        if (cfg.pool > 0 && cfg.pool_top > 0 && cfg.pool_top < 100 && triatt_policy_scored(cfg.hybrid)) {
+        if (triatt_pool_peaks_only(&cfg)) {
             LLAMA_LOG_INFO("triatt: pooling only toward the top %d %% of the scores\n", cfg.pool_top);
         }
     }
