@@ -2,7 +2,7 @@
 
 Compiled for sm_90 with ggml-cuda's own flags (-use_fast_math -extended-lambda), from the base with the whole
 series applied: every csrc/llama.cpp/ggml/src/ggml-cuda/tq/*.cu as installed in ggml/src/ggml-cuda/tq/ (warnings
-are errors), the patched
+are errors; the write's and the tq4 FA unit also with -DTQ_STAMPS), the patched
 upstream convert.cu and ggml-cuda.cu, and the standalone exactness test tests/cuda/tq_quant_exact.cu, linked
 against the C codec. fattn.cu is left out: it needs the per-type-pair defines that ggml-cuda's CMake generates.
 ggml-cuda's headers include cuBLAS's, which the CUDA compiler package here lacks: the headers are taken from
@@ -107,6 +107,24 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     ktq3 = cuda / "tq" / "tq-fattn-ktq3.cu"
     jobs += [
         ([*inc, "-Werror", "all-warnings", "-c", str(ktq3), "-o", str(tmp_path / "ktq3_75.o")], "ktq3 sm_75", "sm_75")
+    ]
+    # the in-graph timestamps (tq-stamps.cuh, bench/cuda/stamps_stats.py) of the write's and an FA kernel's unit
+    jobs += [
+        (
+            [
+                *inc,
+                "-DTQ_STAMPS",
+                "-Werror",
+                "all-warnings",
+                "-c",
+                str(cuda / "tq" / f"{n}.cu"),
+                "-o",
+                str(tmp_path / f"{n}_st.o"),
+            ],
+            f"{n} TQ_STAMPS",
+            "sm_90",
+        )
+        for n in ("ggml-tq-cuda", "tq-fattn-ktq4")
     ]
     jobs += [
         ([*inc, "-c", str(cuda / f"{n}.cu"), "-o", str(tmp_path / f"{n}.o")], f"{n}.cu (patched)", "sm_90")

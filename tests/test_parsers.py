@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from llama_tq.harness import bench, evict, ppl
@@ -193,3 +194,38 @@ def test_kernel_trace_steps_and_busy_time(tmp_path: Path) -> None:
     assert len(steps) == 3 and all(len(s) == 12 for s in steps)
     # busy: kernels 0..10 at 1.5 us pitch (11 us), kernel 11 inside kernel 10's tail + 0.5 us: 11 + 0.5
     assert kt.busy_ns(steps[0]) == 11 * 1000 + 500
+
+
+def test_stamps_line_up_write_and_fa(tmp_path: Path) -> None:
+    """bench/cuda/stamps_stats.py: launch i of the write's file goes with launch i of the FA kernel's, counted from
+    the end; times are µs from the write's entry, by layer; an unset field (0) is left out of the means."""
+    st = _script("bench/cuda/stamps_stats.py")
+    wf, ff = tmp_path / "w.txt", tmp_path / "f.txt"
+    # 3 write launches (the first one unmatched: a warm-up), 2 FA launches = 1 step of 2 layers
+    wf.write_text(
+        "# w\n"
+        + "".join(f"{i} {1000 * i} {1000 * i + 600} {1000 * i + 700} 0 0 0 0 {1000 * i + 4000}\n" for i in range(3))
+    )
+    fa_rows = []
+    for i in (1, 2):
+        b = 1000 * i
+        b0 = [
+            b + 1500,
+            b + 3500,
+            b + 5500,
+            b + 5600,
+            b + 6500,
+            b + 9500,
+            b + 10500 if i == 1 else 0,
+            b + 10800 + 1000 * (i - 1),
+        ]
+        fa_rows.append(f"{i - 1} " + " ".join(map(str, b0)) + "\n")
+    ff.write_text("# f\n" + "".join(fa_rows))
+    names, means = st.line_up(st.load(wf), st.load(ff), layers=2, last=10)
+    row = dict(zip(names, means.tolist(), strict=True))
+    assert row["write exit"] == [4.0, 4.0]
+    assert row["FA entry"] == [1.5, 1.5]
+    assert row["FA exit - write exit"] == pytest.approx([6.8, 7.8])
+    assert row["FA b0 output written"][0] == 10.5 and np.isnan(row["FA b0 output written"][1])
+    names, means = st.line_up(None, st.load(ff), layers=2, last=10)  # FA only: from its own entry
+    assert dict(zip(names, means.tolist(), strict=True))["FA exit (last block)"] == pytest.approx([9.3, 10.3])

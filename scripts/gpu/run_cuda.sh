@@ -25,7 +25,8 @@
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
 #   head96 the same at head size 96 (tq3 -> tq3_96; decoded by upstream's f16 kernels after a conversion)
 # Environment: OPS (ops stage op list), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
-#   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH, BUILD_TARGETS (build stage's ninja targets).
+#   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH, BUILD_TARGETS (build stage's ninja targets),
+#   CMAKE_EXTRA (more cmake arguments, e.g. -DCMAKE_CUDA_FLAGS=-DTQ_STAMPS).
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
 #   graphppl  llama-perplexity with the TQ decode kernels in real graphs (ubatches of 1, 8, 128): GPU vs CPU
@@ -50,10 +51,12 @@ stage_build() {
     rm -rf "$W/src" && mkdir -p "$W/src" && tar xzf .gpu/llama-tq-src.tar.gz -C "$W/src" || return 1
     local commit
     commit=$(sed -n 's/^LLAMA_CPP_COMMIT=//p' patches/base.env | cut -c1-7) # the pin's one home
+    # shellcheck disable=SC2086  # CMAKE_EXTRA: a list
     cmake -S "$W/src" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGGML_NATIVE=ON -DCMAKE_PROJECT_INCLUDE="$PWD/cmake/no_amx.cmake" \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit" > "$RES/build.log" 2>&1 || return 1
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit" ${CMAKE_EXTRA:-} > "$RES/build.log" 2>&1 ||
+        return 1
     # shellcheck disable=SC2086  # BUILD_TARGETS: a list
     /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" \
         ${BUILD_TARGETS:-test-backend-ops llama-bench llama-perplexity llama-completion llama-tokenize} \

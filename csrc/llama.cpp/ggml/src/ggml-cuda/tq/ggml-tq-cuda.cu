@@ -191,8 +191,20 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
                                                                 const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
+    TQ_STAMP_ENTER(); // tq-stamps.cuh: fields 0 first entry, 1 first wait's return, 2 last one's, 7 last exit
+    TQ_STAMP_MIN(0);
     tq_cu_tables_load<N>(t, tab, threadIdx.x);
     tq_pdl_wait();
+    TQ_STAMP_MIN(1);
+    TQ_STAMP_MAX(2);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (B0 == 4 || B1 == 4) {
+        // On some H100s an FA kernel with a tq4 side that launches this early runs its prologue and tile loop up to
+        // 2x slower (by layer: it ends 7-11 us after the write instead of 5); launched ~0.5 us later it does not
+        // (NOTES.md v22: tq4/tq4 546 -> 529 us a decode step there, no change where the slowdown is absent)
+        __nanosleep(500);
+    }
+#endif
     tq_pdl_trigger(); // the FA kernel that reads these blocks may build its pair tables meanwhile
     if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
         tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x,
@@ -201,6 +213,7 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
         tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x,
                                                     j1.mu, j1.s, &j1.rope);
     }
+    TQ_STAMP_LEAVE();
 }
 
 template <typename src_t, typename idx_t>

@@ -4,6 +4,7 @@
 
 #include "common.cuh"
 #include "convert.cuh"
+#include "tq-stamps.cuh"
 
 #include <cstdlib>
 #include <utility>
@@ -18,6 +19,7 @@ static void tq_launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream,
         const char * e = getenv("LLAMA_TQ_CUDA_PDL");
         return e == nullptr || atoi(e) != 0;
     }();
+    TQ_STAMPS_REGISTER(); // a -DTQ_STAMPS build: this unit's in-graph timestamps are written at exit
     if (pdl) {
         ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, block, (size_t) 0, stream),
                                 std::forward<Args>(args)...);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "tq-fattn-decode.cuh"
+#include "tq-stamps.cuh"
 
 #define TQ_MMA_WARPS  4
 #define TQ_MMA_KEYS   16 // keys per warp tile
@@ -243,6 +244,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
     const int C = p.tpg * p.gqa; // valid columns (<= 8)
     TQ_FA_PHASE(0);
+    TQ_STAMP_ENTER(); // tq-stamps.cuh: fields 0 first entry, 1-2 block 0 around its wait, 3 last wait's return,
+    TQ_STAMP_MIN(0);  // 4 block 0's query fragments done, 5 its tiles done, 6 its output written, 7 last exit
 
     // pair tables: entry e = a | b << bits holds half2(c[a], c[b]); built before the wait for the previous kernel
     // (the K/V write, launched with PDL: tq_launch), so they overlap its tail
@@ -254,7 +257,10 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         sub[tid] = p.tab.sub[tid];
     }
     if (!p.q_early) {
+        TQ_STAMP_BLOCK0(1);
         tq_pdl_wait();
+        TQ_STAMP_BLOCK0(2);
+        TQ_STAMP_MAX(3);
     }
 
     // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero).
@@ -315,7 +321,10 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             }
         }
         if (p.q_early) { // the K/V tiles (the new token's cell) only after the write has finished
+            TQ_STAMP_BLOCK0(1);
             tq_pdl_wait();
+            TQ_STAMP_BLOCK0(2);
+            TQ_STAMP_MAX(3);
         }
         float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
 #pragma unroll
@@ -362,6 +371,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         __syncthreads(); // qs (the staging buffer) is reused below
     }
     TQ_FA_PHASE(3);
+    TQ_STAMP_BLOCK0(4);
     const char * lk = reinterpret_cast<const char *>(lutk);
     const char * lv = reinterpret_cast<const char *>(SAME ? lutk : lutv);
     // the lanes' copy offsets, opaque to the compiler: otherwise it re-derives them from the lane id inside every
@@ -605,6 +615,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
     tq_mma_cp_wait<0>();
     TQ_FA_PHASE(4);
+    TQ_STAMP_BLOCK0(5);
     tq_pdl_trigger(); // the next kernel may launch during the merge and output (~1 us at a short KV)
 
     // ---- merge the warps: column sums over the 8 lanes of a t, then max / sum per column through shared memory
@@ -684,6 +695,8 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                                   reinterpret_cast<float *>(p.dst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
         }
         TQ_FA_PHASE(6);
+        TQ_STAMP_BLOCK0(6);
+        TQ_STAMP_LEAVE();
         return;
     }
 #pragma unroll 1
@@ -751,6 +764,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         p.ml[base + tid] = tq_mma_col_ml(red, tid);
     }
     if (p.done == nullptr) {
+        TQ_STAMP_LEAVE();
         return; // the merge kernel follows
     }
     // fused merge: the last chunk of the column group to finish merges all of them (a release / acquire pair of
@@ -767,6 +781,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
     __syncthreads();
     if (!is_last) {
+        TQ_STAMP_LEAVE();
         return;
     }
     __threadfence();
@@ -786,5 +801,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         tq_fa_out_row<D, 128>(o, lane, p.tab, reinterpret_cast<float *>(p.mdst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
     }
+    TQ_STAMP_LEAVE();
 #endif // __CUDA_ARCH__ >= 800
 }
