@@ -198,7 +198,7 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
     TQ_STAMP_MIN(1);
     TQ_STAMP_MAX(2);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (B0 == 4 || B1 == 4) {
+    if constexpr ((B0 == 4 || B1 == 4) && N == TQ_BLOCK) { // the blocks the tensor-core FA kernel reads next
         // On some H100s an FA kernel with a tq4 side that launches this early runs its prologue and tile loop up to
         // 2x slower (by layer: it ends 7-11 us after the write instead of 5); launched ~0.5 us later it does not
         // (NOTES.md v22: tq4/tq4 546 -> 529 us a decode step there, no change where the slowdown is absent)
