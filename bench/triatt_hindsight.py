@@ -6,7 +6,8 @@ of every layer) gives, at T = 1536 cached keys, the attention mass each key rece
 the full-attention layers (the cache the hook evicts). Every selection keeps the last 128 positions plus the rest of
 the budget; the table is the share of that mass it keeps:
   hindsight   the keys with the most later mass (needs the future: an upper bound for every policy)
-  SnapKV-W    the keys the last W queries before T attended to most (observed attention, summed over heads)
+  SnapKV-W    the keys the last W queries before T attended to most (observed attention, summed over heads); for
+              W = 32 also through V3's selection (segments, prefix) without pooling, and with pooling 2 / 8
   TriAtt top  the highest TriAttention scores (V1 without pooling), V3 shipped / without pooling, V3 with pooling
               only around the top 2 / 5 / 10 % of scores, V3 with a narrower pool (2 positions either side) and with
               a forward-only pool (a cell takes the best score of itself and the 4 positions before it),
@@ -82,11 +83,13 @@ def main() -> None:
     pooled = np.array([score[max(0, i - 8) : i + 9].max() for i in range(T)])
     peaks = {q: np.where(pooled >= np.quantile(score, 1 - q), pooled, score) for q in (0.02, 0.05, 0.10)}
     forward = np.array([score[max(0, i - 4) : i + 1].max() for i in range(T)])  # what follows a peak stays with it
-    cols = ["hindsight", "SnapKV-32", "SnapKV-128", "TriAtt top", "V3 shipped", "V3 no pool", "V3 peaks 2%",
+    cols = ["hindsight", "SnapKV-32", "SnapKV-128", "SnapKV-32 V3", "SnapKV-32 V3 pool 2", "SnapKV-32 V3 pool 8",
+            "TriAtt top", "V3 shipped", "V3 no pool", "V3 peaks 2%",
             "V3 peaks 5%", "V3 peaks 10%", "V3 pool 2", "V3 fwd pool 4", "StreamingLLM", "random"]  # fmt: skip
     rows = []
     for budget in (384, 768, 1152):
-        vals = [top(mass, budget), top(snap[32], budget), top(snap[128], budget), top(score, budget),
+        vals = [top(mass, budget), top(snap[32], budget), top(snap[128], budget),
+                *(select(snap[32], budget, hybrid=2, pool=r) for r in (0, 2, 8)), top(score, budget),
                 select(score, budget, hybrid=2), select(score, budget, hybrid=2, pool=0),
                 *(select(peaks[q], budget, hybrid=2, pool=0) for q in (0.02, 0.05, 0.10)),
                 select(score, budget, hybrid=2, pool=2), select(forward, budget, hybrid=2, pool=0),
