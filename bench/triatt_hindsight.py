@@ -56,6 +56,11 @@ def observed(dump: Path, w: int) -> np.ndarray:
     return obs
 
 
+def window_max(s: np.ndarray, before: int, after: int) -> np.ndarray:
+    """Each position's best score from `before` positions before it to `after` positions after it."""
+    return np.array([s[max(0, i - before) : i + after + 1].max() for i in range(len(s))])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench/results/evict/hindsight"))
@@ -80,9 +85,9 @@ def main() -> None:
 
     # pooling only around strong peaks: a cell takes the best score within 8 positions only when that score is in
     # the top q of all scores (a needle's span kept whole; elsewhere each cell its own score), then V3 without pooling
-    pooled = np.array([score[max(0, i - 8) : i + 9].max() for i in range(T)])
+    pooled = window_max(score, 8, 8)
     peaks = {q: np.where(pooled >= np.quantile(score, 1 - q), pooled, score) for q in (0.02, 0.05, 0.10)}
-    forward = np.array([score[max(0, i - 4) : i + 1].max() for i in range(T)])  # what follows a peak stays with it
+    forward = window_max(score, 4, 0)  # what follows a peak stays with it
     cols = ["hindsight", "SnapKV-32", "SnapKV-128", "SnapKV-32 V3", "SnapKV-32 V3 pool 2", "SnapKV-32 V3 pool 8",
             "TriAtt top", "V3 shipped", "V3 no pool", "V3 peaks 2%",
             "V3 peaks 5%", "V3 peaks 10%", "V3 pool 2", "V3 fwd pool 4", "StreamingLLM", "random"]  # fmt: skip

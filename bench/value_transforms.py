@@ -27,16 +27,9 @@ import gguf
 import numpy as np
 from gguf.quants import dequantize
 
-from key_transforms import attention, capture, q4_0_rot, tq
+from key_transforms import attention, capture, eq_scale, q4_0_rot, tq
 from llama_tq.harness.demo import default_text
 from llama_tq.models import default_model
-
-
-def v_scale(w: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """s with s^2 ~ sqrt(w / a) per channel, geometric mean 1, in [1/16, 16]."""
-    eps = 1e-12 * max(float(w.mean()), float(a.mean()), 1e-30)
-    s = np.clip(((w + eps) / (a + eps)) ** 0.25, 1 / 16, 16)
-    return s / np.exp(np.log(s).mean())
 
 
 def main() -> None:
@@ -67,7 +60,6 @@ def main() -> None:
         window = args.tokens + 1 if (il + 1) % 6 == 0 else swa  # Gemma 3: every 6th layer is global
         hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
         g = hq // hkv
-        outs = {c: np.zeros((len(qpos), w.shape[0])) for c in ["exact", *configs]}
         ocat = {c: np.zeros((len(qpos), hq, d)) for c in ["exact", *configs]}
         for h in range(hkv):
             kh, vh = k[:, h], v[:, h]
@@ -76,8 +68,8 @@ def main() -> None:
             wc = (cols**2).sum(axis=(0, 1))
             mu = vh[: args.cal].mean(axis=0)
             a = ((vh[: args.cal] - mu) ** 2).mean(axis=0)
-            s_m = v_scale(wc, a)
-            s_0 = v_scale(wc, (vh[: args.cal] ** 2).mean(axis=0))
+            s_m = eq_scale(wc, a)  # s^4 = w / a: key_transforms' formula with W_o's weights in the query's place
+            s_0 = eq_scale(wc, (vh[: args.cal] ** 2).mean(axis=0))
             p, o = attention(qh, kh, vh, qpos, window)
             ocat["exact"][:, h * g : (h + 1) * g] = o
             for c in configs:
@@ -86,8 +78,7 @@ def main() -> None:
                 base = (vh - m) * s
                 deq = q4_0_rot(base) if c.startswith("q4_0") else tq(base, "tq4" if c.startswith("tq4") else "tq3")
                 ocat[c][:, h * g : (h + 1) * g] = np.einsum("qht,td->qhd", p, deq) / s + m
-        for c in ["exact", *configs]:
-            outs[c] = ocat[c].reshape(len(qpos), hq * d) @ w.T
+        outs = {c: ocat[c].reshape(len(qpos), hq * d) @ w.T for c in ocat}
         for c in configs:
             res[c].append(float(np.linalg.norm(outs[c] - outs["exact"]) / np.linalg.norm(outs["exact"])))
             raw[c].append(float(np.linalg.norm(ocat[c] - ocat["exact"]) / np.linalg.norm(ocat["exact"])))
