@@ -145,12 +145,13 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
         ("bench/cuda/carveout_bench.cu", []),
         ("bench/cuda/param_size_bench.cu", []),
         ("bench/cuda/tq_convert_bench.cu", []),
+        ("bench/cuda/quant_phases_bench.cu", []),
     ],
 )
 def test_standalone_gpu_programs_build(source: str, defines: list[str], tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
     shared-memory carveout and parameter-size probes of bench/results/cuda/v12_rope_fold, the prefill converter's
-    speed probe of v13_convert)."""
+    speed probe of v13_convert, the quantizer's phase clock of v23_write)."""
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],

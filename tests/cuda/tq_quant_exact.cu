@@ -22,7 +22,7 @@ template <int BITS, int N>
 __global__ void k_quant(const float * x, uint8_t * out, int64_t n, const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
-    tq_cu_tables_load<N>(t, tab, threadIdx.x);
+    tq_cu_tables_load<N, tq_cu_table_words<N>()>(t, tab, threadIdx.x); // as the K/V writes load them
     __syncthreads();
     const int64_t b = blockIdx.x; // one CTA of N threads per block, as ggml-cuda's SET_ROWS
     if (b >= n) {

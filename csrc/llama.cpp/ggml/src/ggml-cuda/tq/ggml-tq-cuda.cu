@@ -169,7 +169,7 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src,
                                                                const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
-    tq_cu_tables_load<N>(t, tab, threadIdx.x);
+    tq_cu_tables_load<N, tq_cu_table_words<N>()>(t, tab, threadIdx.x);
     tq_quantize_rows_block<BITS, N, src_t, idx_t>(t, sm, src, ids, dst, sh, blockIdx.x, threadIdx.x);
 }
 
@@ -193,16 +193,17 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
     __shared__ tq_cu_qscratch sm;
     TQ_STAMP_ENTER(); // tq-stamps.cuh: fields 0 first entry, 1 first wait's return, 2 last one's, 7 last exit
     TQ_STAMP_MIN(0);
-    tq_cu_tables_load<N>(t, tab, threadIdx.x);
+    tq_cu_tables_load<N, tq_cu_table_words<N>()>(t, tab, threadIdx.x);
     tq_pdl_wait();
     TQ_STAMP_MIN(1);
     TQ_STAMP_MAX(2);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr ((B0 == 4 || B1 == 4) && N == TQ_BLOCK) { // the blocks the tensor-core FA kernel reads next
-        // On some H100s an FA kernel with a tq4 side that launches this early runs its prologue and tile loop up to
-        // 2x slower (by layer: it ends 7-11 us after the write instead of 5); launched ~0.5 us later it does not
-        // (NOTES.md v22: tq4/tq4 546 -> 529 us a decode step there, no change where the slowdown is absent)
-        __nanosleep(500);
+    if constexpr (N == TQ_BLOCK) { // the blocks the tensor-core FA kernel reads next
+        // On some H100s an FA kernel launched (by the trigger below) less than ~1.2 us after this write started runs
+        // its own prologue and tile loop up to 2x slower, by layer; launched later it does not. A 1 us sleep here
+        // puts it at ~1.3 us: a decode step at d0 520.8 -> 517.3 us (tq3), 529.6 -> 521.3 (tq4) on such a machine,
+        // better than triggering part-way through quantizing (NOTES.md v22, v23)
+        __nanosleep(1000);
     }
 #endif
     tq_pdl_trigger(); // the FA kernel that reads these blocks may build its pair tables meanwhile

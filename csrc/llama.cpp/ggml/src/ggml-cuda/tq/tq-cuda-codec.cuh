@@ -9,12 +9,19 @@
 // holds the values l, l + 32, l + 64, l + 96 (value l + 32r is value l of sub-block r).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
 #include "tq_codec.h"
 
+// Phase hooks of the 128-value quantizer (bench/cuda/quant_phases_bench.cu defines them to take clock stamps).
+#ifndef TQ_QPHASE
+#define TQ_QPHASE(k)
+#endif
 
 // Programmatic dependent launch (tq_launch in ggml-tq-cuda.cuh): a kernel launched with the attribute may start
 // while its predecessor still runs, so it must call tq_pdl_wait() before it reads or writes memory of the graph
@@ -80,6 +87,23 @@ static inline void tq_cu_tables_init(tq_cu_tables * t) {
     for (int i = 0; i < 3; ++i) {
         t->signs96[i] = TQ_SIGNS_96[i];
     }
+    // tq_cu_nearest counts on symmetric boundaries around a middle 0 and positive multipliers
+    const float * bounds[6] = {t->bound3, t->bound4, t->bound3_64, t->bound4_64, t->bound3_96, t->bound4_96};
+    bool ok = true;
+    for (int k = 0; k < 6; ++k) {
+        const int nb = k % 2 ? 15 : 7;
+        ok = ok && bounds[k][nb / 2] == 0.0f;
+        for (int b = 0; b < nb; ++b) {
+            ok = ok && bounds[k][b] == -bounds[k][nb - 1 - b];
+        }
+    }
+    for (int i = 0; i < 16; ++i) {
+        ok = ok && t->sub[i] > 0.0f;
+    }
+    if (!ok) {
+        fprintf(stderr, "tq_cu_tables_init: the codec's boundaries are not symmetric around 0\n");
+        abort();
+    }
 }
 
 static __host__ __device__ constexpr int tq_cu_block_bytes(int bits) { return bits == 3 ? TQ3_BLOCK_BYTES : TQ4_BLOCK_BYTES; }
@@ -112,6 +136,30 @@ static __device__ __forceinline__ bool tq_fgt(float a, float b) {
     return r != 0;
 }
 static __device__ __forceinline__ bool tq_flt(float a, float b) { return tq_fgt(b, a); }
+
+// The codec's tq_nearest (how many of the NB = 2H + 1 scaled boundaries lie strictly below v) from the bit
+// patterns ub of the H positive ones, with half the comparisons of a linear count. The boundaries are symmetric
+// around a middle 0 (tq_cu_tables_init checks) and the multiplier positive, so the scaled ones are too: positive
+// floats order as their bits, and for v <= 0 the boundaries below v are the negative ones -u with u > |v|, H minus
+// those with |v| >= u, i.e. bits(|v|) + 1 > bits(u). NaN and -Inf give 0 and +Inf NB, as the linear count.
+template <int H>
+static __device__ __forceinline__ void tq_cu_scaled_upper(float m, const float * bound, uint32_t (&ub)[H]) {
+#pragma unroll
+    for (int b = 0; b < H; ++b) {
+        ub[b] = __float_as_uint(tq_fmul(m, bound[H + 1 + b]));
+    }
+}
+template <int H>
+static __device__ __forceinline__ uint32_t tq_cu_nearest(float v, const uint32_t (&ub)[H]) {
+    const bool pos = tq_fgt(v, 0.0f);
+    const uint32_t e = (__float_as_uint(v) & 0x7fffffffu) + (pos ? 0u : 1u);
+    uint32_t c = 0;
+#pragma unroll
+    for (int b = 0; b < H; ++b) {
+        c += e > ub[b] ? 1u : 0u;
+    }
+    return pos ? H + 1 + c : H - c;
+}
 static __device__ __forceinline__ double tq_f2d(float f) { // exact, subnormals kept (no .ftz)
     double r;
     asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(f));
@@ -244,12 +292,20 @@ struct tq_cu_qscratch {
     double   bcast;
 };
 
-// Copies the tables into shared memory, a word per thread per step (a by-value kernel parameter: __grid_constant__).
-template <int NT = TQ_BLOCK>
+// The words of the tables that quantizing an N-value block reads: for 128 values the ones before the 64-value
+// codebooks (66 of 183: the copy of the rest cost the write ~0.3 us, NOTES.md v23), else all.
+template <int N>
+static __host__ __device__ constexpr int tq_cu_table_words() {
+    return N == TQ_BLOCK ? (int) (offsetof(tq_cu_tables, cent3_64) / 4) : (int) (sizeof(tq_cu_tables) / 4);
+}
+
+// Copies the tables into shared memory, a word per thread per step (a by-value kernel parameter: __grid_constant__);
+// WORDS: only the first ones (tq_cu_table_words: what a quantizer of one block size reads).
+template <int NT = TQ_BLOCK, int WORDS = (int) (sizeof(tq_cu_tables) / 4)>
 static __device__ __forceinline__ void tq_cu_tables_load(tq_cu_tables & dst, const tq_cu_tables & src, int tid) {
     static_assert(sizeof(tq_cu_tables) % 4 == 0, "tables: whole words");
 #pragma unroll
-    for (int i = tid; i < (int) (sizeof(tq_cu_tables) / 4); i += NT) {
+    for (int i = tid; i < WORDS; i += NT) {
         reinterpret_cast<uint32_t *>(&dst)[i] = reinterpret_cast<const uint32_t *>(&src)[i];
     }
 }
@@ -269,14 +325,8 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
 
     sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
-    if (w == 0) {
-        const double ss0 = tq_cu_canon_sum<TQ_BLOCK>(sm.d[0], lane);
-        if (lane == 0) {
-            sm.bcast = ss0;
-        }
-    }
-    __syncthreads();
-    const double ss = sm.bcast;
+    const double ss = tq_cu_canon_sum<TQ_BLOCK>(sm.d[0], lane); // every warp the same sum: no broadcast
+    TQ_QPHASE(2);
 
     uint32_t idx = 0, pick = 0;
     uint16_t scale_bits = 0;
@@ -302,27 +352,29 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
         y = tq_fmul(y, TQ_WHT_NORM);
         sm.y[w][lane] = y;
         __syncthreads();
+        TQ_QPHASE(3);
 
         {
             const uint32_t j = (uint32_t) lane >> 1;
             const int half = lane & 1;
             const float m = t.sub[j];
-            float bm[NB];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                bm[b] = tq_fmul(m, bound[b]);
-            }
+            uint32_t ub[NB / 2];
+            tq_cu_scaled_upper(m, bound, ub);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // canonical accumulator 2a + half
+            float vs[TQ_SUBBLOCK / 2]; // this lane's 16 values loaded first, so the loads overlap (NOTES.md v23)
 #pragma unroll
-            for (int i = half; i < TQ_SUBBLOCK; i += 2) {
-                const float v = sm.y[w][i];
-                int k = 0;
+            for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) {
+                vs[q] = sm.y[w][2 * q + half];
+            }
+            uint32_t ks[TQ_SUBBLOCK / 2];
 #pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    k += tq_fgt(v, bm[b]);
-                }
-                const float d = tq_fsub(v, tq_fmul(m, cent[k]));
-                acc[(i & 7) >> 1] = tq_fadd(acc[(i & 7) >> 1], tq_fmul(d, d));
+            for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) {
+                ks[q] = tq_cu_nearest(vs[q], ub);
+            }
+#pragma unroll
+            for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) { // value 2q + half: canonical accumulator q % 4
+                const float d = tq_fsub(vs[q], tq_fmul(m, cent[ks[q]]));
+                acc[q & 3] = tq_fadd(acc[q & 3], tq_fmul(d, d));
             }
             // ((l0+l4)+(l2+l6)) on even lanes, ((l1+l5)+(l3+l7)) on odd lanes, then even + odd
             const float part = tq_fadd(tq_fadd(acc[0], acc[2]), tq_fadd(acc[1], acc[3]));
@@ -340,12 +392,11 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             }
             pick = jb;
         }
+        TQ_QPHASE(4);
         {
-            const float m = t.sub[pick];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                idx += tq_fgt(y, tq_fmul(m, bound[b]));
-            }
+            uint32_t ub[NB / 2];
+            tq_cu_scaled_upper(t.sub[pick], bound, ub);
+            idx = tq_cu_nearest(y, ub);
         }
 
         // least-squares scale: the codec's canonical double sums over the block (exact products)
@@ -362,6 +413,7 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             }
             scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
         }
+        TQ_QPHASE(5);
     }
 
     sm.idx[tid] = (uint8_t) idx;
@@ -475,20 +527,13 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
             const uint32_t j = (uint32_t) lane & 15u;
             const float * ys = &sm.y[w][lane & 16]; // this lane's sub-block: 16 values
             const float m = t.sub[j];
-            float bm[NB];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                bm[b] = tq_fmul(m, bound[b]);
-            }
+            uint32_t ub[NB / 2];
+            tq_cu_scaled_upper(m, bound, ub);
             float acc[8];
 #pragma unroll
             for (int i = 0; i < 16; ++i) {
                 const float v = ys[i];
-                int k = 0;
-#pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    k += tq_fgt(v, bm[b]);
-                }
+                const uint32_t k = tq_cu_nearest(v, ub);
                 const float d = tq_fsub(v, tq_fmul(m, cent[k]));
                 acc[i & 7] = i < 8 ? tq_fadd(0.0f, tq_fmul(d, d)) : tq_fadd(acc[i & 7], tq_fmul(d, d));
             }
@@ -507,11 +552,9 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
             pick = jb; // the winner of sub-block 2w + (lane >> 4) = tid >> 4: this thread's own value's
         }
         {
-            const float m = t.sub[pick];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                idx += tq_fgt(y, tq_fmul(m, bound[b]));
-            }
+            uint32_t ub[NB / 2];
+            tq_cu_scaled_upper(t.sub[pick], bound, ub);
+            idx = tq_cu_nearest(y, ub);
         }
 
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
@@ -644,21 +687,14 @@ static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, u
             const uint32_t j = (uint32_t) tid & 15u;
             const int k = tid >> 4;
             const float m = t.sub[j];
-            float bm[NB];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                bm[b] = tq_fmul(m, bound[b]);
-            }
+            uint32_t ub[NB / 2];
+            tq_cu_scaled_upper(m, bound, ub);
             float acc[8];
 #pragma unroll
             for (int i = 0; i < 24; ++i) {
                 const int vi = 24 * k + i;
                 const float v = sm.y[vi >> 5][vi & 31];
-                int c = 0;
-#pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    c += tq_fgt(v, bm[b]);
-                }
+                const uint32_t c = tq_cu_nearest(v, ub);
                 const float d = tq_fsub(v, tq_fmul(m, cent[c]));
                 acc[i & 7] = i < 8 ? tq_fadd(0.0f, tq_fmul(d, d)) : tq_fadd(acc[i & 7], tq_fmul(d, d));
             }
@@ -681,11 +717,9 @@ static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, u
         __syncthreads();
         const uint32_t pick = sm.pick[tid / 24];
         {
-            const float m = t.sub[pick];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                idx += tq_fgt(y, tq_fmul(m, bound[b]));
-            }
+            uint32_t ub[NB / 2];
+            tq_cu_scaled_upper(t.sub[pick], bound, ub);
+            idx = tq_cu_nearest(y, ub);
         }
 
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
