@@ -202,8 +202,11 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
         // On some H100s an FA kernel launched (by the trigger below) less than ~1.2 us after this write started runs
         // its own prologue and tile loop up to 2x slower, by layer; launched later it does not. A 1 us sleep here
         // puts it at ~1.3 us: a decode step at d0 520.8 -> 517.3 us (tq3), 529.6 -> 521.3 (tq4) on such a machine,
-        // better than triggering part-way through quantizing (NOTES.md v22, v23)
-        __nanosleep(1000);
+        // better than triggering part-way through quantizing (NOTES.md v22, v23). Decode-sized writes only: a
+        // prefill ubatch's write (thousands of blocks, several waves) would pay it in every wave.
+        if (gridDim.x <= 256) {
+            __nanosleep(1000);
+        }
     }
 #endif
     tq_pdl_trigger(); // the FA kernel that reads these blocks may build its pair tables meanwhile
