@@ -314,7 +314,8 @@ static __device__ __forceinline__ void tq_cu_tables_load(tq_cu_tables & dst, con
 // thread of the CTA must call it (it synchronizes the CTA). out: the block's bytes (any alignment).
 // The multiplier search runs in parallel: in warp r, lanes 2j and 2j + 1 sum the even and odd canonical
 // accumulators of multiplier j for sub-block r, then a (error, j) minimum over the warp picks the codec's winner
-// (the first j with the smallest error). The double sums run in the codec's canonical order on warp 0.
+// (the first j with the smallest error). The double sums run in the codec's canonical order: the sum of squares on
+// every warp (the same sum, so no broadcast), the least-squares scale's on warp 0.
 template <int BITS>
 static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uint8_t * out, tq_cu_qscratch & sm,
                                             int tid) {
