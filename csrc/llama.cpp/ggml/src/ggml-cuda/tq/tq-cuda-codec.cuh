@@ -160,6 +160,13 @@ static __device__ __forceinline__ uint32_t tq_cu_nearest(float v, const uint32_t
     }
     return pos ? H + 1 + c : H - c;
 }
+// One value against the boundaries scaled by m (a thread's own index once its sub-block's multiplier is picked).
+template <int H>
+static __device__ __forceinline__ uint32_t tq_cu_nearest_scaled(float v, float m, const float * bound) {
+    uint32_t ub[H];
+    tq_cu_scaled_upper(m, bound, ub);
+    return tq_cu_nearest(v, ub);
+}
 static __device__ __forceinline__ double tq_f2d(float f) { // exact, subnormals kept (no .ftz)
     double r;
     asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(f));
@@ -394,11 +401,7 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             pick = jb;
         }
         TQ_QPHASE(4);
-        {
-            uint32_t ub[NB / 2];
-            tq_cu_scaled_upper(t.sub[pick], bound, ub);
-            idx = tq_cu_nearest(y, ub);
-        }
+        idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         // least-squares scale: the codec's canonical double sums over the block (exact products)
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
@@ -552,11 +555,7 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
             }
             pick = jb; // the winner of sub-block 2w + (lane >> 4) = tid >> 4: this thread's own value's
         }
-        {
-            uint32_t ub[NB / 2];
-            tq_cu_scaled_upper(t.sub[pick], bound, ub);
-            idx = tq_cu_nearest(y, ub);
-        }
+        idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
         sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
@@ -717,11 +716,7 @@ static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, u
         }
         __syncthreads();
         const uint32_t pick = sm.pick[tid / 24];
-        {
-            uint32_t ub[NB / 2];
-            tq_cu_scaled_upper(t.sub[pick], bound, ub);
-            idx = tq_cu_nearest(y, ub);
-        }
+        idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
         sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
