@@ -196,6 +196,33 @@ def test_kernel_trace_steps_and_busy_time(tmp_path: Path) -> None:
     assert kt.busy_ns(steps[0]) == 11 * 1000 + 500
 
 
+def test_step_timeline_splits_a_token_period(tmp_path: Path) -> None:
+    """bench/cuda/step_timeline_stats.py: from one graph launch to the next, the launch call, the launch to the first
+    kernel, the GPU span, the wake-up (GPU done to the end of the waiting call) and the host rest add up to the
+    period; API calls and copies are counted per step."""
+    st = _script("bench/cuda/step_timeline_stats.py")
+    kern, api = [], []
+    for step in range(4):  # a step every 100 us: launch 3 us, kernels from +5 us, 12 x 2 us back to back
+        t, corr = 1_000_000 + step * 100_000, 50 + 3 * step
+        api.append(f"R {t - 6000} {t - 4000} {corr - 1} cudaMemcpyAsync_v3020")
+        api.append(f"M {t - 1000} {t - 500} {corr - 1} 64 1")
+        api.append(f"R {t} {t + 3000} {corr} cudaGraphLaunch_v10000")
+        for k in range(12):
+            s = t + 5000 + 2000 * k
+            kern.append(f"{s} {s + 2000} {corr} {k} 4 1 1 128 _Z8k_decodev")
+        api.append(f"R {t + 3500} {t + 5000 + 24_000 + 2500} {corr + 1} cudaStreamSynchronize_v3020")
+    trace = tmp_path / "t.txt"
+    trace.write_text("\n".join(kern) + "\n")
+    (tmp_path / "t.txt.api").write_text("\n".join(api) + "\n")
+    r = st.analyse(str(trace), 300)
+    assert r["steps"] == 3
+    p = r["parts_us"]
+    assert p["period"] == 100 and p["launch call"] == 3 and p["launch to 1st kernel"] == 5
+    assert p["GPU span"] == 24 and p["wake-up"] == 2.5 and p["host rest"] == 100 - 5 - 24 - 2.5
+    assert r["api_per_step"]["cudaGraphLaunch"]["calls"] == 1 and r["api_per_step"]["cudaMemcpyAsync"]["us"] == 2
+    assert r["copies_per_step"]["HtoD"] == {"count": 1, "bytes": 64, "gpu_us": 0.5}
+
+
 def test_stamps_line_up_write_and_fa(tmp_path: Path) -> None:
     """bench/cuda/stamps_stats.py: launch i of the write's file goes with launch i of the FA kernel's, counted from
     the end; times are µs from the write's entry, by layer; an unset field (0) is left out of the means."""
