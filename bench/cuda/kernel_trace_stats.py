@@ -19,10 +19,10 @@ import subprocess
 
 
 class Kernel:
-    __slots__ = ("end", "name", "start")
+    __slots__ = ("corr", "end", "name", "start")
 
-    def __init__(self, start: int, end: int, name: str) -> None:
-        self.start, self.end, self.name = start, end, name
+    def __init__(self, start: int, end: int, name: str, corr: int = -1) -> None:
+        self.start, self.end, self.name, self.corr = start, end, name, corr  # corr: the launch's correlation id
 
 
 def short_names(mangled: set[str]) -> dict[str, str]:
@@ -56,7 +56,7 @@ def load_steps(path: str, last: int) -> list[list[Kernel]]:
             parts = line.split(maxsplit=8)
             if len(parts) < 9:
                 continue
-            groups[int(parts[2])].append(Kernel(int(parts[0]), int(parts[1]), parts[8].strip()))
+            groups[int(parts[2])].append(Kernel(int(parts[0]), int(parts[1]), parts[8].strip(), int(parts[2])))
     steps = [sorted(g, key=lambda k: k.start) for _, g in sorted(groups.items())]
     if not steps:
         raise SystemExit(f"{path}: no kernels")
