@@ -256,3 +256,26 @@ def test_stamps_line_up_write_and_fa(tmp_path: Path) -> None:
     assert row["FA b0 output written"][0] == 10.5 and np.isnan(row["FA b0 output written"][1])
     names, means = st.line_up(None, st.load(ff), layers=2, last=10)  # FA only: from its own entry
     assert dict(zip(names, means.tolist(), strict=True))["FA exit (last block)"] == pytest.approx([9.3, 10.3])
+
+
+def test_gpu_summary_merges_by_value() -> None:
+    """scripts/gpu/summary.py: a run replaces only the values it measured, each beside f16's of the same run; a
+    value whose f16 counterpart this run lacks loses its stale f16 value; the rest of the old summary stays."""
+    sm = _script("scripts/gpu/summary.py")
+    old = {
+        "f16/f16": {"fa_decode_us": 180.0, "tg128_d0": 1700.0},
+        "tq3/tq3": {"fa_decode_us": 94.0, "tg128_d0": 1650.0, "f16_fa_decode_us": 180.0, "f16_tg128_d0": 1700.0},
+        "q8_0/q8_0": {"fa_decode_us": 497.0, "f16_fa_decode_us": 180.0},
+    }
+    run = {"f16/f16": {"tg128_d0": 1750.0}, "tq3/tq3": {"tg128_d0": 1680.0, "fa_decode_1seq_us": 27.0}}
+    new = sm.merge(old, run)
+    assert new["f16/f16"] == {"fa_decode_us": 180.0, "tg128_d0": 1750.0}
+    assert new["tq3/tq3"] == {
+        "fa_decode_us": 94.0,  # not measured by the run: kept, with its own run's f16
+        "f16_fa_decode_us": 180.0,
+        "tg128_d0": 1680.0,  # measured: beside this run's f16
+        "f16_tg128_d0": 1750.0,
+        "fa_decode_1seq_us": 27.0,  # this run's f16 has no 1-sequence time: no f16 value beside it
+    }
+    assert new["q8_0/q8_0"] == old["q8_0/q8_0"]
+    assert old["tq3/tq3"]["tg128_d0"] == 1650.0  # the old summary is not modified

@@ -3,7 +3,10 @@ and 1-sequence cases (fa_perf.log, `perf` stage) and llama-bench's tg128 @ d0 / 
 (llama_bench.md, `bench` stage), next to f16's values from the same run.
 
     python3 scripts/gpu/summary.py RES_DIR > RES_DIR/summary.json
-    python3 scripts/gpu/summary.py RES_DIR OLD.json > summary.json   # the pairs RES_DIR measured replace OLD's
+    python3 scripts/gpu/summary.py RES_DIR OLD.json > summary.json   # what RES_DIR measured replaces OLD's
+
+With OLD.json the merge is by value: a run of only some stages, or one whose perf stage stopped part-way, replaces
+the values it measured (each with f16's value of the same run beside it) and keeps OLD's others.
 """
 
 from __future__ import annotations
@@ -86,12 +89,27 @@ def main() -> None:
             continue
         for pair, vals in parse((res / log).read_text()).items():
             data.setdefault(pair, {}).update(vals)
-    f16 = data.get("f16/f16", {})
-    summary = {pair: vals if pair == "f16/f16" else {**vals, **{f"f16_{k}": v for k, v in f16.items()}}
-               for pair, vals in sorted(data.items())}  # fmt: skip
-    summary = dict(sorted({**base, **summary}.items()))
-    json.dump(summary, sys.stdout, indent=2)
+    json.dump(merge(base, data), sys.stdout, indent=2)
     print()
+
+
+def merge(base: dict[str, dict[str, float]], data: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """base with this run's values (data: pair -> measure -> value) put in, each next to f16's value of this run
+    (f16_<measure>; dropped where this run has none, so a value never sits beside another run's f16). Values this
+    run did not measure keep theirs, f16's included."""
+    f16 = data.get("f16/f16", {})
+    out = {pair: dict(vals) for pair, vals in base.items()}
+    for pair, vals in data.items():
+        row = out.setdefault(pair, {})
+        for k, v in vals.items():
+            row[k] = v
+            if pair == "f16/f16":
+                continue
+            if k in f16:
+                row[f"f16_{k}"] = f16[k]
+            else:
+                row.pop(f"f16_{k}", None)
+    return {pair: dict(sorted(row.items())) for pair, row in sorted(out.items())}
 
 
 if __name__ == "__main__":
