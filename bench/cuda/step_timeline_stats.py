@@ -38,18 +38,19 @@ class Api:
 
 
 def load_api(path: str) -> tuple[list[Api], list[tuple[int, int, int, int]]]:
-    """Runtime calls (sorted by start) and copies (start, end, bytes, kind)."""
+    """Runtime calls and copies (start, end, bytes, kind), each sorted by start."""
     calls, copies = [], []
     with open(path) as f:
         for line in f:
             p = line.split()
             if len(p) >= 5 and p[0] == "R":
-                calls.append(Api(int(p[1]), int(p[2]), int(p[3]), p[4].removesuffix("_v3020").split("_v")[0]))
+                calls.append(Api(int(p[1]), int(p[2]), int(p[3]), p[4].split("_v")[0]))  # cudaX_v3020 -> cudaX
             elif len(p) >= 6 and p[0] in "MS":
                 copies.append((int(p[1]), int(p[2]), int(p[4]), int(p[5]) if p[0] == "M" else -1))
     if not calls:
         raise SystemExit(f"{path}: no runtime API records (was TRACE_API=1 set?)")
     calls.sort(key=lambda a: a.start)
+    copies.sort()
     return calls, copies
 
 
@@ -58,6 +59,7 @@ def analyse(trace: str, last: int) -> dict:
     calls, copies = load_api(trace + ".api")
     by_corr = {a.corr: a for a in calls}
     starts = [a.start for a in calls]
+    copy_starts = [c[0] for c in copies]
     parts: dict[str, list[float]] = {k: [] for k in PARTS}
     per_name: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     copy_stats: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
@@ -80,13 +82,13 @@ def analyse(trace: str, last: int) -> dict:
         for a in window:
             per_name[a.name][0] += 1
             per_name[a.name][1] += (a.end - a.start) / 1e3
-        for s, e, nbytes, kind in copies:
-            if la.start <= s < lb.start:
-                key = {1: "HtoD", 2: "DtoH", 8: "DtoD", -1: "memset"}.get(kind, f"kind {kind}")
-                c = copy_stats[key]
-                c[0] += 1
-                c[1] += nbytes
-                c[2] += (e - s) / 1e3
+        j0, j1 = bisect.bisect_left(copy_starts, la.start), bisect.bisect_left(copy_starts, lb.start)
+        for s, e, nbytes, kind in copies[j0:j1]:  # the copies that start within this step's period
+            key = {1: "HtoD", 2: "DtoH", 8: "DtoD", -1: "memset"}.get(kind, f"kind {kind}")
+            c = copy_stats[key]
+            c[0] += 1
+            c[1] += nbytes
+            c[2] += (e - s) / 1e3
         n += 1
     if n == 0:
         raise SystemExit(f"{trace}: no step with its graph launch in the API records")
