@@ -87,25 +87,41 @@ def test_env_fallback_and_flag_wins(text: Path) -> None:
 
 @pytest.fixture(scope="module")
 def v3_default(text: Path) -> subprocess.CompletedProcess[str]:
-    """V3 at budget 768 with the library's defaults otherwise (pool 8 everywhere): shared by the pooling tests."""
+    """V3 at budget 768 with the library's defaults otherwise: shared by the pooling tests."""
     return perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256")
 
 
-def test_pool_reaches_the_engine(text: Path, v3_default: subprocess.CompletedProcess[str]) -> None:
-    """--triatt-pool (default 8) and its TRIATT_POOL alias reach libllama's eviction, as its configuration line says."""
-    proc = v3_default
-    assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 8$", proc.stderr, re.M)
+@pytest.fixture(scope="module")
+def v3_pooled(text: Path) -> subprocess.CompletedProcess[str]:
+    """V3 at budget 768 pooling whatever the budget (--triatt-pool-spans 0)."""
+    return perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "--triatt-pool-spans", "0")
+
+
+def test_pool_reaches_the_engine(text: Path, v3_default: subprocess.CompletedProcess[str],
+                                 v3_pooled: subprocess.CompletedProcess[str]) -> None:  # fmt: skip
+    """--triatt-pool (default 8), --triatt-pool-spans (default 96) and the TRIATT_POOL alias reach libllama's
+    eviction: at budget 768 the 512 free slots hold fewer than 96 spans of 17 cells, so by default cells rank by their
+    own scores (the same run as pool 0, and the log says so); with spans 0 it pools and evicts other cells."""
+    off = "triatt: pooling off at this budget: its 512 free slots hold fewer than 96 spans of 17 cells"
+    default = v3_default
+    assert default.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 8$", default.stderr,
+                                                 re.M)  # fmt: skip
+    assert off in default.stderr and "triatt: evict:" in default.stderr
     proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL": "0"})
     assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 0$", proc.stderr, re.M)
-    assert "triatt: evict:" in proc.stderr
+    assert "triatt: evict:" in proc.stderr and "pooling off" not in proc.stderr
     assert "pooling only toward" not in proc.stderr
+    assert final_ppl(proc.stderr) == final_ppl(default.stderr)
+    assert v3_pooled.returncode == 0 and "pooling off" not in v3_pooled.stderr
+    assert final_ppl(v3_pooled.stderr) != final_ppl(default.stderr)
 
 
-def test_pool_top_reaches_the_engine(text: Path, v3_default: subprocess.CompletedProcess[str]) -> None:
+def test_pool_top_reaches_the_engine(text: Path, v3_pooled: subprocess.CompletedProcess[str]) -> None:
     """--triatt-pool-top (and TRIATT_POOL_TOP) reach libllama: pooling toward the top P % only evicts other cells than
-    pooling everywhere (the default, P = 0); a percentage over 100 is refused before any work."""
-    logs = {"0": v3_default.stderr}
-    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL_TOP": "2"})
+    pooling everywhere (P = 0, the default); a percentage over 100 is refused before any work."""
+    logs = {"0": v3_pooled.stderr}
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "--triatt-pool-spans", "0",
+                      env={"TRIATT_POOL_TOP": "2"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs["2"] = proc.stderr
     for top, log in logs.items():
@@ -141,6 +157,7 @@ def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
         (["--triatt-budget", "900", "--triatt-window", "-3"], "--triatt-window must not be negative"),
         (["--triatt-budget", "900", "--triatt-segments", "0"], "--triatt-segments must be at least 1"),
         (["--triatt-budget", "900", "--triatt-pool", "-1"], "--triatt-pool must not be negative"),
+        (["--triatt-budget", "900", "--triatt-pool-spans", "-2"], "--triatt-pool-spans must not be negative"),
     ],
 )
 def test_invalid_settings_fail_clearly(text: Path, flags: list[str], msg: str) -> None:

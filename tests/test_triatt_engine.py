@@ -31,10 +31,8 @@ def ref_peaks(score: np.ndarray, pooled: np.ndarray, top: int) -> np.ndarray:
 
 
 def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, prefix: int, window: int,
-               segments: int, pool: int = 0, pool_top: int = 0) -> np.ndarray:  # fmt: skip
+               segments: int, pool: int = 0, pool_top: int = 0, pool_spans: int = 0) -> np.ndarray:  # fmt: skip
     n = len(pos)
-    if pool > 0 and hybrid <= 2:
-        score = ref_peaks(score, ref_pool(pos, score, pool), pool_top)
     keep = np.zeros(n, bool)
     if n <= budget:
         return ~keep
@@ -42,6 +40,9 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     if hybrid >= 2:  # V3 and the baselines protect the prefix (StreamingLLM's attention sinks)
         prot |= pos < prefix
     keep |= prot
+    # pooling only where the free slots hold pool_spans spans of 2 pool + 1 cells (0: always)
+    if pool > 0 and hybrid <= 2 and budget - int(prot.sum()) >= pool_spans * (2 * pool + 1):
+        score = ref_peaks(score, ref_pool(pos, score, pool), pool_top)
     free = min(budget - int(prot.sum()), int((~prot).sum()))
     cand = np.flatnonzero(~prot)
     if hybrid == 3:  # StreamingLLM: the most recent cells
@@ -71,10 +72,11 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     return keep
 
 
-@pytest.mark.parametrize(("pool", "pool_top"), [(0, 0), (1, 0), (4, 0), (4, 2), (8, 10)])
+@pytest.mark.parametrize(("pool", "pool_top", "pool_spans"),
+                         [(0, 0, 0), (1, 0, 0), (4, 0, 0), (4, 2, 0), (8, 10, 0), (8, 0, 64), (4, 2, 40), (1, 0, 300)])
 @pytest.mark.parametrize("hybrid", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("seed", range(6))
-def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: int) -> None:
+def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: int, pool_spans: int) -> None:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(300, 3000))
     pos = rng.permutation(n + 50)[:n].astype(np.int32)  # distinct, unordered, with holes (earlier evictions)
@@ -84,8 +86,8 @@ def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: i
     segments = int(rng.integers(1, 12))
     score[rng.integers(0, n, 5)] = np.nan
     got = tri.select(pos, score, budget=budget, hybrid=hybrid, prefix=64, window=100, segments=segments, pool=pool,
-                     pool_top=pool_top)  # fmt: skip
-    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool, pool_top)
+                     pool_top=pool_top, pool_spans=pool_spans)  # fmt: skip
+    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool, pool_top, pool_spans)
     assert np.array_equal(got, want)
     assert got.sum() == min(n, budget)
 
@@ -135,19 +137,26 @@ def test_pool_keeps_spans_whole() -> None:
     score[706] = 50.0
     for hybrid in (0, 2):
         plain = tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=0)
-        pooled = tri.select(pos, score, budget=600, hybrid=hybrid, window=128)  # the default pool (8)
+        pooled = tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool_spans=0)  # the default pool (8)
         assert plain[706] and not plain[span].all()
         assert pooled[span].all() and pooled.sum() == plain.sum() == 600
+        # by default pooling waits for free slots enough for 96 spans of 17 cells (1632): none at budget 600 (344
+        # or 472 free), and at budget 1900 (1644 free for V3, 1772 for V1) the span is kept whole again
+        assert np.array_equal(tri.select(pos, score, budget=600, hybrid=hybrid, window=128), plain)
+        big = {"budget": 1900, "hybrid": hybrid, "window": 128}
+        assert tri.select(pos, score, **big)[span].all() and not tri.select(pos, score, pool=0, **big)[span].all()
+        assert not tri.select(pos, score, pool_spans=200, **big)[span].all()
     # pooling toward the top 2 % of scores only: the strong peak's span stays whole; a weaker peak (top ~3 %) is
     # kept but its neighbours are ranked by their own scores (-5: evicted)
     weak = np.arange(1500, 1513)
     score[weak] = -5.0
     score[1506] = 1.9
     assert np.quantile(score, 0.98) > 1.9 > np.quantile(score, 0.9)
-    assert tri.select(pos, score, budget=600, hybrid=2, window=128, pool=8, pool_top=2)[span].all()
-    peaks = tri.select(pos, score, budget=600, hybrid=2, window=128, pool=2, pool_top=2)
+    kw = {"budget": 600, "hybrid": 2, "window": 128, "pool_spans": 0}
+    assert tri.select(pos, score, pool=8, pool_top=2, **kw)[span].all()
+    peaks = tri.select(pos, score, pool=2, pool_top=2, **kw)
     assert peaks[1506] and not peaks[np.setdiff1d(weak, [1506])].any()
-    assert tri.select(pos, score, budget=600, hybrid=2, window=128, pool=2, pool_top=0)[1504:1509].all()
+    assert tri.select(pos, score, pool=2, pool_top=0, **kw)[1504:1509].all()
     for hybrid in (3, 4):
         assert np.array_equal(tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=6),
                               tri.select(pos, score, budget=600, hybrid=hybrid, window=128))  # fmt: skip
@@ -174,6 +183,7 @@ def test_select_small_and_nan() -> None:
         ({"budget": 1000, "pool": -2}, "--triatt-pool must not be negative"),
         ({"budget": 1000, "pool_top": -1}, "--triatt-pool-top must not be negative"),
         ({"budget": 1000, "pool_top": 101}, "--triatt-pool-top is a percentage of the scores, 0-100"),
+        ({"budget": 1000, "pool_spans": -1}, "--triatt-pool-spans must not be negative"),
         ({"budget": -5}, "--triatt-budget must not be negative"),
     ],
 )

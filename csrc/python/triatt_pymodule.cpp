@@ -17,8 +17,9 @@ using f32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using i32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 triatt_config make_config(int budget, int hybrid, int prefix, int window, int segments, int divide, int warmup,
-                          int boundary_skip, int pool, int pool_top) {
-    triatt_config c{budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool, pool_top};
+                          int boundary_skip, int pool, int pool_top, int pool_spans) {
+    triatt_config c{budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool, pool_top,
+                    pool_spans};
     char msg[256];
     if (triatt_config_check(&c, msg, sizeof msg) != 0) {
         throw py::value_error(msg);
@@ -44,20 +45,21 @@ PYBIND11_MODULE(_triatt, m) {
     }();
 
     m.def("check", [](int budget, int hybrid, int prefix, int window, int segments, int divide, int warmup,
-                      int boundary_skip, int pool, int pool_top) {
-        make_config(budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool, pool_top);
+                      int boundary_skip, int pool, int pool_top, int pool_spans) {
+        make_config(budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool, pool_top,
+                    pool_spans);
     }, py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix, py::arg("window") = D.window,
        py::arg("segments") = D.segments, py::arg("divide") = D.divide, py::arg("warmup") = D.warmup,
        py::arg("boundary_skip") = D.boundary_skip, py::arg("pool") = D.pool, py::arg("pool_top") = D.pool_top,
-       "Raise ValueError with llama.cpp's message if the settings are invalid.");
+       py::arg("pool_spans") = D.pool_spans, "Raise ValueError with llama.cpp's message if the settings are invalid.");
 
     m.def("select", [](const i32 & pos, const f32 & score, int budget, int hybrid, int prefix, int window,
-                       int segments, int pool, int pool_top) {
+                       int segments, int pool, int pool_top, int pool_spans) {
         if (pos.ndim() != 1 || score.ndim() != 1 || pos.size() != score.size()) {
             throw py::value_error("pos and score must be 1-D arrays of the same length");
         }
         const triatt_config c = make_config(budget, hybrid, prefix, window, segments, D.divide, D.warmup,
-                                            D.boundary_skip, pool, pool_top);
+                                            D.boundary_skip, pool, pool_top, pool_spans);
         py::array_t<uint8_t> keep(pos.size());
         if (triatt_select(&c, (int32_t) pos.size(), pos.data(), score.data(), keep.mutable_data()) < 0) {
             throw std::bad_alloc();
@@ -65,7 +67,7 @@ PYBIND11_MODULE(_triatt, m) {
         return keep.attr("astype")("bool");
     }, py::arg("pos"), py::arg("score"), py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix,
        py::arg("window") = D.window, py::arg("segments") = D.segments, py::arg("pool") = D.pool,
-       py::arg("pool_top") = D.pool_top, "Boolean keep mask for one sequence's cells.");
+       py::arg("pool_top") = D.pool_top, py::arg("pool_spans") = D.pool_spans, "Boolean keep mask for one sequence's cells.");
 
     m.def("calibrate", [](const f32 & q, const i32 & pos, int n_rot, bool neox, float freq_base, float freq_scale) {
         if (q.ndim() != 2 || pos.ndim() != 1 || pos.shape(0) != q.shape(0)) {

@@ -23,6 +23,9 @@ void triatt_config_default(triatt_config *c) {
     c->boundary_skip = 0;
     c->pool = 8;
     c->pool_top = 0;
+    /* 96 spans (1632 slots at pool 8): own scores had less or equal KLD up to 75 spans (a 2k context at 25-75 %),
+     * pooling kept needles from 105 spans up (8k and 16k contexts at 25-75 %): bench/results/v3_eviction.md */
+    c->pool_spans = 96;
 }
 
 const char *triatt_policy_name(int32_t hybrid) {
@@ -36,8 +39,17 @@ int triatt_pool_peaks_only(const triatt_config *c) {
     return triatt_policy_scored(c->hybrid) && c->pool > 0 && c->pool_top > 0 && c->pool_top < 100;
 }
 
+int triatt_pool_active(const triatt_config *c, int64_t free_slots) {
+    return triatt_policy_scored(c->hybrid) && c->pool > 0 &&
+           (c->pool_spans == 0 || free_slots >= (int64_t)c->pool_spans * (2 * (int64_t)c->pool + 1));
+}
+
 /* Positions < prefix are protected by V3 and by the baselines (StreamingLLM's attention sinks). */
 static int protects_prefix(int32_t hybrid) { return hybrid >= 2; }
+
+int64_t triatt_free_slots(const triatt_config *c) {
+    return (int64_t)c->budget - c->window - (protects_prefix(c->hybrid) ? c->prefix : 0);
+}
 
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     const struct {
@@ -45,7 +57,7 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
         int32_t v;
     } f[] = {{"budget", c->budget}, {"prefix", c->prefix},   {"window", c->window},
              {"divide", c->divide}, {"warmup", c->warmup}, {"boundary-skip", c->boundary_skip},
-             {"pool", c->pool}, {"pool-top", c->pool_top}};
+             {"pool", c->pool}, {"pool-top", c->pool_top}, {"pool-spans", c->pool_spans}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; ++i) {
         if (f[i].v < 0) {
             snprintf(msg, msg_size, "--triatt-%s must not be negative (got %d)", f[i].name, f[i].v);
@@ -210,6 +222,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
         }
     }
     int32_t free_slots = c->budget - n_prot; /* > 0: positions are distinct and budget > window (+ prefix) */
+    const int pooling = triatt_pool_active(c, free_slots); /* decided on the unclipped free slots */
     if (free_slots > n_cand) {
         free_slots = n_cand;
     }
@@ -231,7 +244,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
         }
     }
     float *pooled = NULL; /* V1-V3 with pool > 0: the neighbourhood's best score in place of the cell's own */
-    if (!rank && c->pool > 0) {
+    if (pooling) {
         pooled = malloc(sizeof(float) * (size_t)n);
         if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0 ||
             (triatt_pool_peaks_only(c) && pool_keep_peaks(n, score, c->pool_top, pooled) != 0)) {

@@ -21,7 +21,9 @@
  *   each, kept more KLD but lost the needle). With pool_top = P > 0 a cell takes its neighbourhood's best score only
  *   where that score is in the top P % of the round's scores (pooling toward the strongest peaks only): less KLD
  *   (V3 at 50 %: -43 % on wikitext-2, -17 % on the default text), but it lost needles at 8k (2/5 and 2/5 where full
- *   pooling keeps 5/5 and 4/5), so the default is 0 (pool everywhere).
+ *   pooling keeps 5/5 and 4/5), so the default is 0 (pool everywhere). Pooling spends slots on a peak's neighbours,
+ *   which a small budget cannot afford: with pool_spans = S > 0 a round pools only when its free slots hold S spans
+ *   of 2 pool + 1 cells (default 96: 1632 slots at pool 8; measured in bench/results/v3_eviction.md).
  *   Baselines that ignore the score (prefix protected as in V3): hybrid 3 = StreamingLLM (attention sinks =
  *   the prefix, then the most recent cells fill the budget), hybrid 4 = random (the other cells ranked by a fixed
  *   hash of their position: a uniform, reproducible choice that keeps a kept cell ranked high in later rounds).
@@ -50,10 +52,12 @@ typedef struct triatt_config {
     int32_t pool;          /* V1-V3: rank a cell by the best score within `pool` positions of it (0 = its own) */
     int32_t pool_top;      /* pool only toward the strongest peaks: a cell takes its neighbourhood's best score when
                               that score is in the top pool_top % of the round's scores, else its own (0 = always) */
+    int32_t pool_spans;    /* pool only where a sequence's free slots (budget minus its protected cells) hold at
+                              least pool_spans spans of 2 pool + 1 cells; below that, own scores (0 = always pool) */
 } triatt_config;
 
 /* budget 0 (off), hybrid 2, prefix 128, window 128, segments 2, divide 128, warmup 1024, boundary_skip 0, pool 8,
- * pool_top 0 */
+ * pool_top 0, pool_spans 96 */
 void triatt_config_default(triatt_config *c);
 
 /* The policy's name: "V1", "V2", "V3", "StreamingLLM", "random" ("?" outside 0..4). */
@@ -65,6 +69,13 @@ int triatt_policy_scored(int32_t hybrid);
 /* Whether the selection pools only toward the top pool_top % of the scores: a scored policy, pool > 0 and
  * 0 < pool_top < 100 (0 and 100 both pool everywhere). */
 int triatt_pool_peaks_only(const triatt_config *c);
+
+/* Whether a round with `free_slots` unprotected slots ranks by pooled scores: a scored policy, pool > 0 and
+ * (pool_spans == 0 or free_slots >= pool_spans * (2 pool + 1)). */
+int triatt_pool_active(const triatt_config *c, int64_t free_slots);
+
+/* The free slots a round has once the cache is full: budget minus window, minus prefix for V3 and the baselines. */
+int64_t triatt_free_slots(const triatt_config *c);
 
 /* 0 if usable, else -1 with a message: negative values, hybrid outside 0..4, segments < 1, and a budget that does
  * not exceed the protected cells (window, plus prefix for V3 and the baselines). budget 0 is valid (off). */

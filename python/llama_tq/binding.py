@@ -52,7 +52,7 @@ class TriattParams(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_int32) for name in
                 ("budget", "hybrid", "prefix", "window", "segments", "divide", "warmup", "boundary_skip",
-                 "pool", "pool_top")]  # fmt: skip
+                 "pool", "pool_top", "pool_spans")]  # fmt: skip
 
 
 @functools.cache
@@ -108,8 +108,8 @@ def _ctx_ptr(llm_or_ctx: object) -> int:
 def triatt_configure(llm_or_ctx: object, budget: int, **settings: int) -> None:
     """TriAttention V3 eviction on a llama-cpp-python context (llama_triatt_configure). `settings` override the
     library's defaults by name (hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool,
-    pool_top); UsageError (a
-    ValueError) with llama.cpp's message on bad settings or an unsupported model."""
+    pool_top, pool_spans); UsageError (a ValueError) with llama.cpp's message on bad settings or an unsupported
+    model."""
     lib = _libllama()
     params = lib.llama_triatt_default_params()
     for name, value in {"budget": budget, **settings}.items():

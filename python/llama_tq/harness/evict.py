@@ -9,7 +9,8 @@ the fraction of scored tokens whose ubatch came after its chunk's first round (`
 
 Policies (--triatt-hybrid): V3 (2), V2 (1), V1 (0), StreamingLLM (3: the prefix as attention sinks + the most recent
 cells) and random (4: prefix, window and a fixed hash of the position), all at the same budget; V3-nopool is V3
-ranking each cell by its own score (--triatt-pool 0) instead of the library's default pooling; V3-top2 pools only
+ranking each cell by its own score (--triatt-pool 0) instead of the library's default pooling (which pools only where
+the free slots hold 96 spans of 17 cells); V3-pool pools at every budget (--triatt-pool-spans 0); V3-top2 pools only
 toward the top 2 % of the scores (--triatt-pool-top 2).
 """
 
@@ -26,6 +27,7 @@ from .common import EVICT_ROUND_POS, KvConfig, progress
 POLICIES: dict[str, dict[str, int]] = {
     "V3": {"HYBRID": 2},
     "V3-nopool": {"HYBRID": 2, "POOL": 0},
+    "V3-pool": {"HYBRID": 2, "POOL_SPANS": 0},
     "V3-top2": {"HYBRID": 2, "POOL_TOP": 2},
     "V2": {"HYBRID": 1},
     "V1": {"HYBRID": 0},

@@ -766,13 +766,14 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
 llama_triatt_params llama_triatt_default_params(void) {
     triatt_config c;
     triatt_config_default(&c);  // the one definition of the defaults (triatt.c)
-    return {c.budget, c.hybrid, c.prefix, c.window, c.segments, c.divide, c.warmup, c.boundary_skip, c.pool, c.pool_top};
+    return {c.budget, c.hybrid, c.prefix, c.window, c.segments, c.divide, c.warmup, c.boundary_skip, c.pool, c.pool_top,
+            c.pool_spans};
 }
 
 int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * params, char * err, size_t err_size) {
     const llama_triatt_params p = params != nullptr ? *params : llama_triatt_default_params();
     const triatt_config cfg = {p.budget, p.hybrid, p.prefix, p.window, p.segments, p.divide, p.warmup, p.boundary_skip,
-                               p.pool, p.pool_top};
+                               p.pool, p.pool_top, p.pool_spans};
     std::string msg;
     std::unique_ptr<llama_triatt> t;
     char check[256];
@@ -792,7 +793,12 @@ int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * 
         LLAMA_LOG_INFO("triatt: %s eviction on: budget %d, prefix %d, window %d, segments %d, divide %d, warmup %d, "
                        "pool %d\n", triatt_policy_name(cfg.hybrid), cfg.budget, cfg.prefix, cfg.window, cfg.segments,
                        cfg.divide, cfg.warmup, cfg.pool);
-        if (triatt_pool_peaks_only(&cfg)) {
+        if (triatt_policy_scored(cfg.hybrid) && cfg.pool > 0 && !triatt_pool_active(&cfg, triatt_free_slots(&cfg))) {
+            // say so: a user who set --triatt-pool would otherwise not know that this budget ranks by own scores
+            LLAMA_LOG_INFO("triatt: pooling off at this budget: its %lld free slots hold fewer than %d spans of %d "
+                           "cells (--triatt-pool-spans 0 pools always)\n", (long long) triatt_free_slots(&cfg),
+                           cfg.pool_spans, 2 * cfg.pool + 1);
+        } else if (triatt_pool_peaks_only(&cfg)) {
             LLAMA_LOG_INFO("triatt: pooling only toward the top %d %% of the scores\n", cfg.pool_top);
         }
     }
