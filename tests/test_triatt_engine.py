@@ -72,8 +72,10 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     return keep
 
 
-@pytest.mark.parametrize(("pool", "pool_top", "pool_spans"),
-                         [(0, 0, 0), (1, 0, 0), (4, 0, 0), (4, 2, 0), (8, 10, 0), (8, 0, 64), (4, 2, 40), (1, 0, 300)])
+@pytest.mark.parametrize(
+    ("pool", "pool_top", "pool_spans"),
+    [(0, 0, 0), (1, 0, 0), (4, 0, 0), (4, 2, 0), (8, 10, 0), (8, 0, 64), (4, 2, 40), (1, 0, 300)],
+)
 @pytest.mark.parametrize("hybrid", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("seed", range(6))
 def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: int, pool_spans: int) -> None:
