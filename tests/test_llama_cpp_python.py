@@ -126,6 +126,11 @@ TRIATT_SCRIPT = textwrap.dedent(
         llama_tq.triatt_configure(llm, budget=200)
     except ValueError as e:
         print("ERROR", e)
+    try:
+        llama_tq.triatt_configure(llm, budget=600, pool_spans=-1)  # the struct's last field reaches the library
+    except ValueError as e:
+        print("ERROR", e)
+    print("DEFAULTS", *sorted(llama_tq.triatt_default_params().items()))
     llama_tq.triatt_configure(llm, budget=600, warmup=256)
     text = open(sys.argv[2]).read()
     llm.eval(llm.tokenize(text.encode())[:1400])
@@ -136,7 +141,8 @@ TRIATT_SCRIPT = textwrap.dedent(
 
 def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """TriAttention V3 on a llama-cpp-python context through the new C API: bad settings raise with llama.cpp's
-    message; 1400 tokens against a budget of 600 evict (a round each time the cache passes 600 + 128)."""
+    message (the last field, pool_spans, included) and the defaults read back; 1400 tokens against a budget of 600
+    evict (a round each time the cache passes 600 + 128)."""
     from llama_tq.harness.demo import default_text
 
     text = tmp_path / "t.txt"
@@ -145,6 +151,10 @@ def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ERROR --triatt-budget 200 must exceed the protected cells" in proc.stdout
+    assert "ERROR --triatt-pool-spans must not be negative (got -1)" in proc.stdout
+    defaults = next(ln for ln in proc.stdout.splitlines() if ln.startswith("DEFAULTS"))
+    for field in ("('budget', 0)", "('pool', 8)", "('pool_top', 0)", "('pool_spans', 96)", "('window', 128)"):
+        assert field in defaults, defaults
     stats = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS")).split()
     rounds, evicted = int(stats[1]), int(stats[2])
     assert rounds >= 1 and evicted >= 1400 - 600 - 128 * rounds, proc.stdout
