@@ -67,7 +67,8 @@ PYBIND11_MODULE(_triatt, m) {
         return keep.attr("astype")("bool");
     }, py::arg("pos"), py::arg("score"), py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix,
        py::arg("window") = D.window, py::arg("segments") = D.segments, py::arg("pool") = D.pool,
-       py::arg("pool_top") = D.pool_top, py::arg("pool_spans") = D.pool_spans, "Boolean keep mask for one sequence's cells.");
+       py::arg("pool_top") = D.pool_top, py::arg("pool_spans") = D.pool_spans,
+       "Boolean keep mask for one sequence's cells.");
 
     m.def("calibrate", [](const f32 & q, const i32 & pos, int n_rot, bool neox, float freq_base, float freq_scale) {
         if (q.ndim() != 2 || pos.ndim() != 1 || pos.shape(0) != q.shape(0)) {
