@@ -314,7 +314,7 @@ bool llama_triatt::finish_calibration() {
 
 // ---- eviction ----------------------------------------------------------------------------------------------------
 
-void llama_triatt::after_ubatch(llama_memory_i * memory) {
+void llama_triatt::after_ubatch() {
     if (!calibrated && tokens_seen >= cfg.warmup) {
         finish_calibration();  // after the whole ubatch: every layer saw the same tokens
     }
@@ -349,7 +349,7 @@ void llama_triatt::after_ubatch(llama_memory_i * memory) {
     for (uint32_t s = 0; s < n_seq_max; ++s) {
         const llama_kv_cells & cells = kv->get_cells((llama_seq_id) s);
         if (cells.seq_pos_get((llama_seq_id) s).size() > (size_t) cfg.budget + (size_t) cfg.divide) {
-            evict_seq((int32_t) s, memory);
+            evict_seq((int32_t) s);
         }
     }
 }
@@ -642,7 +642,7 @@ void llama_triatt::fold_pending() {
     pending.clear();
 }
 
-void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
+void llama_triatt::evict_seq(int32_t seq) {
     if (!calibrated && !finish_calibration()) {
         static bool warned = false;
         if (!warned) {
@@ -724,27 +724,16 @@ void llama_triatt::evict_seq(int32_t seq, llama_memory_i * memory) {
         LLAMA_LOG_ERROR("triatt: selection failed (out of memory)\n");
         return;
     }
-    // evict runs of consecutive positions with one seq_rm each (positions are ascending)
-    const bool iswa = dynamic_cast<llama_kv_cache_iswa *>(memory) != nullptr;
-    int32_t n_ev = 0;
-    for (int32_t c = 0; c < n;) {
-        if (keep[c]) {
-            ++c;
-            continue;
+    // one pass over the evicted cells (a seq_rm per run of positions scanned the whole stream each time); a
+    // sliding-window hybrid keeps its window cache: only the full-attention cache loses the cells
+    std::vector<uint32_t> gone;
+    for (int32_t c = 0; c < n; ++c) {
+        if (!keep[c]) {
+            gone.push_back(idx[c]);
         }
-        int32_t e = c;
-        while (e + 1 < n && !keep[e + 1] && pos[e + 1] == pos[e] + 1) {
-            ++e;
-        }
-        // a sliding-window hybrid keeps its window cache: only the full-attention cache loses the cells
-        if (iswa) {
-            kv->seq_rm(seq, pos[c], pos[e] + 1);
-        } else {
-            memory->seq_rm(seq, pos[c], pos[e] + 1);
-        }
-        n_ev += e - c + 1;
-        c = e + 1;
     }
+    kv->seq_rm_cells(seq, gone);
+    const int32_t n_ev = (int32_t) gone.size();
     ++rounds;
     evicted += n_ev;
     const double ms = (ggml_time_us() - t0) / 1000.0;

@@ -51,7 +51,7 @@ public:
 
     // After a ubatch is in the cache: folds the previous ubatch's keys, queues this one's, and runs an eviction round
     // for every sequence above budget + divide.
-    void after_ubatch(llama_memory_i * memory);
+    void after_ubatch();
 
     // The cache's keys changed outside a ubatch (a K-shift, a copy between streams, a state read): every folded key
     // is read again at the next round.
@@ -113,7 +113,7 @@ private:
         std::vector<ggml_backend_t> backends;  // backends with copies queued
     };
 
-    void evict_seq(int32_t seq, llama_memory_i * memory);
+    void evict_seq(int32_t seq);
     void forget_written();  // the records (and previous ubatch's copies) of the cells in newest
     // the cells a ubatch wrote, per stream: a sequence of the stream (-1: none) and the cells, sorted
     std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> written_cells(const llama_ubatch & ubatch) const;
