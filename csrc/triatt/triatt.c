@@ -48,9 +48,12 @@ int triatt_pool_active(const triatt_config *c, int64_t free_slots) {
 /* Positions < prefix are protected by V3 and by the baselines (StreamingLLM's attention sinks). */
 static int protects_prefix(int32_t hybrid) { return hybrid >= 2; }
 
-int64_t triatt_free_slots(const triatt_config *c) {
-    return (int64_t)c->budget - c->window - (protects_prefix(c->hybrid) ? c->prefix : 0);
+/* The cells a full cache never evicts: the window, and the prefix for V3 and the baselines. */
+static int64_t protected_cells(const triatt_config *c) {
+    return (int64_t)c->window + (protects_prefix(c->hybrid) ? c->prefix : 0);
 }
+
+int64_t triatt_free_slots(const triatt_config *c) { return (int64_t)c->budget - protected_cells(c); }
 
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     const struct {
@@ -81,7 +84,7 @@ int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     if (c->budget == 0) {
         return 0;
     }
-    const int64_t protect = (int64_t)c->window + (protects_prefix(c->hybrid) ? c->prefix : 0);
+    const int64_t protect = protected_cells(c);
     if (c->budget <= protect) {
         snprintf(msg, msg_size,
                  "--triatt-budget %d must exceed the protected cells: window %d%s = %lld", c->budget, c->window,
