@@ -27,7 +27,7 @@ for e in "${excl[@]}"; do targs+=(--exclude="$e"); done
 (cd "$work/llama.cpp" && tar czf "$out/llama-tq-src.tar.gz" "${targs[@]}" .)
 
 model=$("$py" -c 'from llama_tq import models; print(models.default_model())')
-split -b 50M -d "$model" "$out/model.part"
+split -b "${PIECE:-50M}" -d "$model" "$out/model.part" # PIECE: smaller when the tree is large (64 MiB a call)
 cp "${WIKI:-$root/../shared/data/wikitext-2-raw/wiki.test.raw}" "$out/wiki.test.raw"
 sha256sum "$model" | cut -d' ' -f1 > "$out/model.sha256"
 ls -la "$out"

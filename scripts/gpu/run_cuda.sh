@@ -9,7 +9,8 @@
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
-#   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES)
+#   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
+#          haystack file, e.g. the one the CPU runs used: the default, pydoc topics, follows the Python version)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run; llama_bench_ratios.md:
 #          each round's t/s ratio to the same round's f16 (repeat the types in BENCH_TYPES to interleave rounds)
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
@@ -145,15 +146,24 @@ stage_niah() {
         g++ -O2 -std=c++17 -shared -fPIC "${inc[@]}" -Icsrc/codec csrc/python/tq_pymodule.cpp \
             "$W/tq_codec_pic.o" -o "python/llama_tq/_codec$(python3-config --extension-suffix)" || return 1
     fi
-    local ctx needle i=0 rc=0
+    # NIAH_PAR=1: every (context, needle) grid as its own process at once (the small model leaves the GPU idle)
+    local ctx needle i=0 rc=0 pids=() names=() j
     for ctx in ${NIAH_CTX:-16384}; do
         while IFS= read -r needle; do
             i=$((i + 1))
+            # shellcheck disable=SC2086  # NIAH_TEXT: absent or one path
             PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq niah --model "$W/model.gguf" --ctx "$ctx" \
                 --kv "${NIAH_KV:-f16/f16,tq3/tq3}" --positions "${NIAH_POS:-start,middle,end}" --needle "$needle" \
-                -t "$(nproc)" --extra='-ngl 99' --out "$RES/niah_${ctx}_$i" > "$RES/niah_${ctx}_$i.txt" 2>&1 || rc=1
-            sed -n '/^config/,$p' "$RES/niah_${ctx}_$i.txt"
+                ${NIAH_TEXT:+--text "$NIAH_TEXT"} -t 4 --extra='-ngl 99' --out "$RES/niah_${ctx}_$i" \
+                > "$RES/niah_${ctx}_$i.txt" 2>&1 &
+            pids+=($!) names+=("niah_${ctx}_$i")
+            [ "${NIAH_PAR:-0}" = 1 ] || { wait "${pids[-1]}" || rc=1; }
         done <<< "${NIAH_NEEDLES:-The secret code word is PURPLE ELEPHANT 7742.}"
+    done
+    for j in "${!pids[@]}"; do
+        [ "${NIAH_PAR:-0}" = 1 ] && { wait "${pids[$j]}" || rc=1; }
+        echo "${names[$j]}"
+        sed -n '/^config/,$p' "$RES/${names[$j]}.txt"
     done
     return "$rc"
 }
