@@ -45,6 +45,8 @@ def main() -> None:
         render(results, data["meta"], args)
         return
     configs = KvConfig.parse_list(args.kv)
+    if "q4_0/q4_0" not in [c.name for c in configs]:
+        raise SystemExit("--kv must include q4_0/q4_0: the ratios are against it, measured in the same run")
     work = args.out / "kv_quality_run"
     results = ppl.run_matrix(default_model(), args.text, configs, ctx=2048, chunks=args.chunks, threads=2, out_dir=work)
     ppl.print_table(results)
@@ -79,7 +81,8 @@ def render(results: list[ppl.RunResult], meta: dict[str, object], args: argparse
         "upstream's Hadamard rotation off on TQ sides (on for tq3 K without equalization). `@nokeys` / `@mean` /",
         "`@eq`: no key transforms / centering only / equalization only (`LLAMA_TQ_KEYS`). `@rot` / `@rotk` / `@rotv` /",
         "`@tqnorot`: upstream's rotation also on both TQ sides / on TQ K / on TQ V / on neither; `@norot`: off for",
-        "every type.",
+        "every type. `@matrix`: centering + the key basis, a full equalization matrix per KV head (`--tq-keys matrix`,",
+        "`key_basis/`).",
         *([str(meta["note"])] if meta.get("note") else []),
         "",
         "| K/V | bits/value | PPL | ΔPPL | mean KLD | KLD p99 | same top p | KLD / q4_0 | target |",
@@ -99,8 +102,9 @@ def render(results: list[ppl.RunResult], meta: dict[str, object], args: argparse
     if extra:
         lines += [
             "",
-            "`*`: measured after the main run against the same f16 base file with the same protocol, to settle the",
-            "defaults (`llama-perplexity ... --kl-divergence-base <base> --kl-divergence` with the row's settings).",
+            "`*`: measured after the main run with the same protocol, against the same f16 base or one that reproduces",
+            "it (the same f16 PPL; CPU runs are deterministic), to settle a default or add an option; logs in",
+            "`kv_quality_extra_logs/` (`--only-extra --extra CONFIG=LOG` re-renders this file with them).",
         ]
     lines += ["", "![KLD vs bits](kv_quality_kld_vs_bits.png)", ""]
     (args.out / "kv_quality.md").write_text("\n".join(lines))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -114,6 +115,50 @@ def test_seq_restore_adopts_the_saved_key_mean(binding: None) -> None:
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SEQ")), None)
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert line.split()[1:] == ["True", "True"], line
+
+
+BASIS_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, os, sys, llama_tq
+    llama_cpp = llama_tq.llama_cpp()
+    def make(n_ctx):
+        return llama_cpp.Llama(sys.argv[1], n_ctx=n_ctx, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
+                               flash_attn=True, verbose=False, n_threads=2)
+    a, b, c = make(512), make(512), make(1024)
+    p1 = a.tokenize(b"The capital of France is Paris. The capital of Germany is")
+    a.eval(p1)
+    size = llama_cpp.llama_state_seq_get_size(a.ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    assert llama_cpp.llama_state_seq_get_data(a.ctx, buf, size, 0) == size
+    nxt = a.tokenize(b" Berlin", add_bos=False)
+    a.eval(nxt)
+    want = a.scores[a.n_tokens - 1].copy()
+    out = []
+    for other in (b, c):  # b: the same context size; c: another one, whose own key basis differs
+        ok = llama_cpp.llama_state_seq_set_data(other.ctx, buf, size, 0)
+        other.n_tokens = len(p1)
+        other.input_ids[: len(p1)] = p1
+        other.eval(nxt)
+        got = other.scores[other.n_tokens - 1]
+        out += [ok > 0, float(abs(got - want).max()), int(got.argmax()) == int(want.argmax())]
+    print("BASIS", *out)
+    """
+)
+
+
+def test_key_basis_state_restores_into_any_context_size(binding: None) -> None:
+    """LLAMA_TQ_KEYS=matrix: the key basis follows from the model and the context size, so the state stores the
+    size; a restore into a context of the same size sees exactly the saved keys, one into another size computes the
+    saved size's basis (the same keys, up to the other cache's padding of the attention sums)."""
+    env = {**os.environ, "LLAMA_TQ_KEYS": "matrix"}
+    proc = subprocess.run([sys.executable, "-c", BASIS_SCRIPT, str(default_model())], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BASIS")), None)
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ok_b, diff_b, top_b, ok_c, diff_c, top_c = line.split()[1:]
+    assert ok_b == ok_c == top_b == top_c == "True", line
+    assert float(diff_b) == 0.0, line
+    assert float(diff_c) < 0.05, line
 
 
 TRIATT_SCRIPT = textwrap.dedent(

@@ -33,6 +33,7 @@ OPTIONS = {
     "nokeys": ("LLAMA_TQ_KEYS", "0"),  # no key transforms on TQ K (no centering, no equalization)
     "mean": ("LLAMA_TQ_KEYS", "mean"),  # key-mean centering only
     "eq": ("LLAMA_TQ_KEYS", "eq"),  # channel equalization only
+    "matrix": ("LLAMA_TQ_KEYS", "matrix"),  # centering + equalization by a full matrix per KV head (the key basis)
 }
 
 

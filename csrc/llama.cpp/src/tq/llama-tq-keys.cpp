@@ -5,6 +5,7 @@
 #include "llama-impl.h"
 #include "llama-io.h"
 #include "llama-model.h"
+#include "llama-tq-linalg.h"
 #include "llama-tq-types.h"
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <atomic>
 
 namespace {
 
@@ -98,6 +101,185 @@ std::vector<float> tensor_floats(const ggml_tensor * t) {
     return v;
 }
 
+// The dequantized rows of a weight, or nothing where its buffer cannot be read back as it was loaded (the CPU's
+// repacking buffer types keep another layout and cannot be read at all).
+std::vector<float> weight_floats(const ggml_tensor * w) {
+    if (w == nullptr || w->buffer == nullptr || !ggml_is_contiguous(w)) {
+        return {};
+    }
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    const bool readable = ggml_backend_buft_is_host(buft) ||
+                          (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU);
+    const auto * tt = ggml_get_type_traits(w->type);
+    if (!readable || (w->type != GGML_TYPE_F32 && tt->to_float == nullptr)) {
+        return {};
+    }
+    std::vector<uint8_t> raw(ggml_nbytes(w));
+    ggml_backend_tensor_get(w, raw.data(), 0, raw.size());
+    const int64_t ne0 = w->ne[0];
+    const int64_t rows = ggml_nrows(w);
+    std::vector<float> out((size_t) (ne0 * rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        if (w->type == GGML_TYPE_F32) {
+            std::memcpy(out.data() + r * ne0, raw.data() + r * w->nb[1], (size_t) ne0 * sizeof(float));
+        } else {
+            tt->to_float(raw.data() + r * w->nb[1], out.data() + r * ne0, ne0);
+        }
+    }
+    return out;
+}
+
+namespace la = llama_tq_linalg;
+
+// Second moment of one head's projection outputs (rows r0 .. r0 + d of w [n_embd, *]) for an input whose channels are
+// uncorrelated with variances ga^2 (the normed residual stream, its gains ga); with a per-head QK-norm (gains g) the
+// head's vector is RMS-normalized first and then scaled by g.
+la::mat head_moment(const std::vector<float> & w, int64_t n_embd, int64_t r0, int64_t d, const std::vector<float> & ga,
+                    const std::vector<float> & g) {
+    std::vector<double> wg((size_t) (d * n_embd));  // the head's rows times the input's gains
+    for (int64_t a = 0; a < d; ++a) {
+        for (int64_t j = 0; j < n_embd; ++j) {
+            wg[(size_t) (a * n_embd + j)] = (double) w[(size_t) ((r0 + a) * n_embd + j)] * (ga.empty() ? 1.0 : ga[(size_t) j]);
+        }
+    }
+    la::mat c((size_t) (d * d), 0.0);
+    for (int64_t a = 0; a < d; ++a) {
+        const double * wa = &wg[(size_t) (a * n_embd)];
+        for (int64_t b = a; b < d; ++b) {
+            const double * wb = &wg[(size_t) (b * n_embd)];
+            double s = 0.0;
+            for (int64_t j = 0; j < n_embd; ++j) {
+                s += wa[j] * wb[j];
+            }
+            c[(size_t) (a * d + b)] = c[(size_t) (b * d + a)] = s;
+        }
+    }
+    if (!g.empty()) {
+        double tr = 0.0;
+        for (int64_t a = 0; a < d; ++a) {
+            tr += c[(size_t) (a * d + a)];
+        }
+        const double norm = tr > 0.0 ? (double) d / tr : 1.0;
+        for (int64_t a = 0; a < d; ++a) {
+            for (int64_t b = 0; b < d; ++b) {
+                c[(size_t) (a * d + b)] *= norm * g[(size_t) a] * g[(size_t) b];
+            }
+        }
+    }
+    return c;
+}
+
+// The average of R(p) S R(p)^T over positions p = 0 .. n_pos - 1 (the rotations RoPE applies to layer il): what a
+// fixed basis sees of keys and queries spread over the context.
+la::mat rope_average(const la::mat & s, int64_t d, const llama_model & model, int32_t il, uint32_t n_pos) {
+    const auto & hp = model.hparams;
+    if (!hp.has_rope((uint32_t) il)) {
+        return s;
+    }
+    const bool neox = hp.rope_type == LLAMA_ROPE_TYPE_NEOX;
+    const bool swa = hp.is_swa((uint32_t) il);
+    const double base = swa ? hp.rope_freq_base_train_swa : hp.rope_freq_base_train;
+    const double fscale = swa ? hp.rope_freq_scale_train_swa : hp.rope_freq_scale_train;
+    std::vector<double> theta((size_t) d), sign((size_t) d);
+    std::vector<int64_t> partner((size_t) d);
+    for (int64_t c = 0; c < d; ++c) {
+        const int64_t pair = neox ? c % (d / 2) : c / 2;
+        const bool x = neox ? c < d / 2 : c % 2 == 0;  // x' = x cos - y sin, y' = y cos + x sin
+        theta[(size_t) c] = fscale * std::pow(base, -2.0 * (double) pair / (double) d);
+        sign[(size_t) c] = x ? -1.0 : 1.0;
+        partner[(size_t) c] = neox ? (c + d / 2) % d : (c ^ 1);
+    }
+    const double n = (double) std::max<uint32_t>(n_pos, 1);
+    auto mean_cs = [n](double w, double & mc, double & ms) {  // means of cos(w p), sin(w p) over p = 0 .. n - 1
+        const double h = std::sin(0.5 * w);
+        if (std::fabs(h) < 1e-12) {
+            mc = 1.0;
+            ms = 0.0;
+            return;
+        }
+        const double k = std::sin(0.5 * n * w) / (n * h);
+        mc = k * std::cos(0.5 * (n - 1) * w);
+        ms = k * std::sin(0.5 * (n - 1) * w);
+    };
+    la::mat out((size_t) (d * d));
+    for (int64_t a = 0; a < d; ++a) {
+        for (int64_t b = 0; b < d; ++b) {
+            double cm, sm, cp, sp;
+            mean_cs(theta[(size_t) a] - theta[(size_t) b], cm, sm);
+            mean_cs(theta[(size_t) a] + theta[(size_t) b], cp, sp);
+            const double ecc = 0.5 * (cm + cp), ess = 0.5 * (cm - cp);
+            const double ecs = 0.5 * (sp - sm), esc = 0.5 * (sp + sm);  // E[cos_a sin_b], E[sin_a cos_b]
+            const int64_t pa = partner[(size_t) a], pb = partner[(size_t) b];
+            const double ea = sign[(size_t) a], eb = sign[(size_t) b];
+            out[(size_t) (a * d + b)] = ecc * s[(size_t) (a * d + b)] + eb * ecs * s[(size_t) (a * d + pb)] +
+                                        ea * esc * s[(size_t) (pa * d + b)] + ea * eb * ess * s[(size_t) (pa * d + pb)];
+        }
+    }
+    return out;
+}
+
+// Off-diagonal moments times (1 - f): the weights' estimate of how channels co-vary is rougher than of their
+// variances (the real input is not isotropic), and a basis that trusts it fully loses some needles.
+la::mat shrink_offdiag(la::mat s, double f) {
+    const size_t d = (size_t) std::llround(std::sqrt((double) s.size()));
+    for (size_t i = 0; i < d; ++i) {
+        for (size_t j = 0; j < d; ++j) {
+            s[i * d + j] *= i == j ? 1.0 : 1.0 - f;
+        }
+    }
+    return s;
+}
+
+// A with A^T A = Sk^-1 # Sq (the matrix geometric mean): minimizes E|A k|^2 E|A^-T q|^2, the logit error of a
+// quantizer whose error is isotropic with a variance proportional to |A k|^2 (TQ's, after its rotation). With
+// Sk = L L^T and L^T Sq L = V W V^T: A = V W^(1/4) V^T L^-1. Scaled to |det A| = 1; both sides regularized so that
+// A stays well conditioned in float (q'.k' = q.k up to rounding).
+bool balanced_basis(la::mat sk, la::mat sq, size_t d, std::vector<float> & a_out, std::vector<float> & inv_out) {
+    for (la::mat * m : {&sk, &sq}) {
+        double tr = 0.0;
+        for (size_t i = 0; i < d; ++i) {
+            tr += (*m)[i * d + i];
+        }
+        for (size_t i = 0; i < d; ++i) {
+            (*m)[i * d + i] += 1e-4 * tr / (double) d;
+        }
+    }
+    la::mat l;
+    if (!la::cholesky(sk, d, l)) {
+        return false;
+    }
+    const la::mat x = la::matmul(la::matmul(la::transpose(l, d), sq, d), l, d);
+    std::vector<double> w;
+    la::mat v;
+    la::sym_eig(x, d, w, v);
+    const double wmax = *std::max_element(w.begin(), w.end());
+    if (!(wmax > 0.0)) {
+        return false;
+    }
+    double logdet = 0.0;
+    la::mat vp(d * d), vm(d * d);  // V W^(1/4), V W^(-1/4)
+    for (size_t j = 0; j < d; ++j) {
+        const double r = std::pow(std::max(w[j], 1e-8 * wmax), 0.25);
+        logdet += std::log(r) - std::log(l[j * d + j]);
+        for (size_t i = 0; i < d; ++i) {
+            vp[i * d + j] = v[i * d + j] * r;
+            vm[i * d + j] = v[i * d + j] / r;
+        }
+    }
+    const double g = std::exp(-logdet / (double) d);
+    const la::mat vt = la::transpose(v, d);
+    const la::mat a = la::matmul(la::matmul(vp, vt, d), la::lower_inverse(l, d), d);
+    const la::mat inv = la::matmul(l, la::matmul(vm, vt, d), d);
+    a_out.resize(d * d);
+    inv_out.resize(d * d);
+    for (size_t i = 0; i < d * d; ++i) {
+        a_out[i] = (float) (a[i] * g);
+        inv_out[i] = (float) (inv[i] / g);
+    }
+    return true;
+}
+
 }  // namespace
 
 llama_tq_keys::~llama_tq_keys() {
@@ -113,11 +295,11 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
     const char * env = std::getenv("LLAMA_TQ_KEYS");
     const std::string mode = env != nullptr && *env != '\0' ? env : "auto";
     const bool tq = llama_tq_is_tq(type_k);
-    center = equalize = false;
+    center = equalize = matrix = false;
     const char * off = std::getenv("LLAMA_TQ_KEYS_TEST_OFFSET");
     test_offset = off != nullptr ? std::strtof(off, nullptr) : 0.0f;
-    if (mode != "auto" && mode != "0" && mode != "1" && mode != "mean" && mode != "eq") {
-        throw std::runtime_error("LLAMA_TQ_KEYS must be auto, 0, 1, mean or eq (got '" + mode + "')");
+    if (mode != "auto" && mode != "0" && mode != "1" && mode != "mean" && mode != "eq" && mode != "matrix") {
+        throw std::runtime_error("LLAMA_TQ_KEYS must be auto, 0, 1, mean, eq or matrix (got '" + mode + "')");
     }
     if (!allowed || !tq) {
         test_offset = 0.0f;
@@ -140,6 +322,7 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
     }
     center = mode != "eq" && mode != "0";
     equalize = mode != "mean" && mode != "0" && (hp.rope_type == LLAMA_ROPE_TYPE_NORM || hp.rope_type == LLAMA_ROPE_TYPE_NEOX);
+    matrix = equalize && mode == "matrix";
     if (center && hp.attn_soft_cap) {
         center = false;  // tanh(logit / cap) does not ignore a common shift
     }
@@ -151,7 +334,7 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
         return;
     }
     LLAMA_LOG_INFO("%s: TQ key transforms: centering %s, equalization %s (LLAMA_TQ_KEYS=%s)\n", __func__,
-                   center ? "on" : "off", equalize ? "on" : "off", mode.c_str());
+                   center ? "on" : "off", equalize ? (matrix ? "on (matrix)" : "on") : "off", mode.c_str());
 }
 
 void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa) {
@@ -161,11 +344,12 @@ void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64
 }
 
 void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
+    model_ = &model;
     std::map<ggml_backend_buffer_type_t, ggml_context *> by_buft;
     for (auto & [il, L] : layers) {
         ggml_context *& ctx = by_buft[L.buft];
         if (ctx == nullptr) {
-            ggml_init_params ip = {layers.size() * ggml_tensor_overhead(), nullptr, true};
+            ggml_init_params ip = {2 * layers.size() * ggml_tensor_overhead(), nullptr, true};
             ctx = ggml_init(ip);
             if (ctx == nullptr) {
                 throw std::runtime_error("failed to create the ggml context of the TQ key transforms");
@@ -174,6 +358,10 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
         }
         L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, N_ROWS);
         ggml_format_name(L.t, "tq_keys_l%d", il);
+        if (matrix) {
+            L.m = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, head_dim, head_dim, L.n / head_dim, 3);
+            ggml_format_name(L.m, "tq_keys_basis_l%d", il);
+        }
     }
     for (auto & [buft, ctx] : by_buft) {
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
@@ -223,7 +411,7 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
         }
     }
     set_center_span(model, n_pos);
-    if (equalize && n_eq == 0) {
+    if (equalize && n_eq == 0 && !matrix) {
         equalize = false;  // no per-head QK-norm gains: s = 1 everywhere, skip the multiplications
         LLAMA_LOG_INFO("%s: TQ key transforms: no per-head QK-norm gains, equalization off\n", __func__);
     }
@@ -233,11 +421,14 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
 // a 4k context centers many more pairs of a 32k-trained model). Only the next mu reads it; a mu already set (or
 // restored from a state) stays as it is, so the stored keys keep their meaning.
 void llama_tq_keys::set_center_span(const llama_model & model, uint32_t n_pos) {
+    const bool told = n_pos > 0;  // 0: an SWA child before its owner sets the span (not worth a log line)
+    n_pos = told ? n_pos : model.hparams.n_ctx_train;
+    if (matrix && !layers.empty() && told && n_pos != basis_span) {
+        compute_basis(model, n_pos);
+    }
     if (!center || layers.empty()) {
         return;
     }
-    const bool told = n_pos > 0;  // 0: an SWA child before its owner sets the span (not worth a log line)
-    n_pos = told ? n_pos : model.hparams.n_ctx_train;
     int64_t kept = 0, total = 0;
     for (auto & [il, L] : layers) {
         const std::vector<float> keep = slow_pairs(model, il, L.n, head_dim, n_pos);
@@ -275,10 +466,14 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     const layer & L = *lp;
     const int64_t hkv = L.n / head_dim;
     const size_t f = sizeof(float);
+    ensure_basis();
     if (test_offset > 0.0f) {
         k = ggml_add(ctx, k, row(ctx, L, ROW_TEST_OFFSET));
     }
-    if (equalize) {
+    if (equalize && L.m != nullptr) {
+        q = mat_mul_heads(ctx, L, MAT_INV_T, q);
+        ggml_build_forward_expand(gf, q);  // ahead of the K/V writes, as below
+    } else if (equalize) {
         q = ggml_is_contiguous(q) ? q : ggml_cont(ctx, q);
         const int64_t nh = q->ne[1];
         const int64_t nt = q->ne[2];
@@ -307,7 +502,135 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
         res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu, !mu_ready));
     }
     if (equalize) {
-        k = ggml_mul(ctx, k, row(ctx, L, ROW_S));
+        k = L.m != nullptr ? mat_mul_heads(ctx, L, MAT_A, k) : ggml_mul(ctx, k, row(ctx, L, ROW_S));
+    }
+}
+
+ggml_tensor * llama_tq_keys::mat(ggml_context * ctx, const layer & L, mat_id m) const {
+    const int64_t hkv = L.n / head_dim;
+    return ggml_view_3d(ctx, L.m, head_dim, head_dim, hkv, L.m->nb[1], L.m->nb[2], (size_t) m * L.m->nb[3]);
+}
+
+ggml_tensor * llama_tq_keys::mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const {
+    // [D, H, T] -> [D, T, H]: ggml_mul_mat broadcasts the n_head_kv matrices over the heads in groups of H / n_head_kv,
+    // as attention maps query heads to KV heads
+    ggml_tensor * xt = ggml_cont(ctx, ggml_permute(ctx, x, 0, 2, 1, 3));
+    ggml_tensor * y = ggml_mul_mat(ctx, mat(ctx, L, m), xt);  // row i of the matrix dotted with each vector
+    return ggml_cont(ctx, ggml_permute(ctx, y, 0, 2, 1, 3));  // back to [D, H, T]
+}
+
+void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset) const {
+    std::lock_guard<std::mutex> lock(basis_mutex);
+    if (only_if_unset && basis_span != 0) {
+        return;  // another thread computed it
+    }
+    basis_span = n_pos;
+    const auto & hp = model.hparams;
+    const size_t d = (size_t) head_dim;
+    const int64_t n_embd = hp.n_embd;
+    struct result {
+        std::vector<float> all;  // A, A^-T, A^-1 of every KV head, as L.m holds them
+        std::vector<float> inv;  // A^-1 of every KV head
+        bool from_weights = false;
+    };
+    std::vector<const layer *> todo;
+    for (const auto & [il, L] : layers) {
+        if (L.m != nullptr) {
+            todo.push_back(&L);
+        }
+    }
+    std::vector<result> out(todo.size());
+    const char * env_shrink = std::getenv("LLAMA_TQ_KEYS_BASIS_SHRINK");
+    const double shrink = env_shrink != nullptr ? std::atof(env_shrink) : 0.5;
+    auto one = [&](size_t t) {  // host reads and math only: several layers at once
+        const layer & L = *todo[t];
+        const int32_t il = L.il;
+        const llama_layer & ml = model.layers[il];
+        const int64_t hkv = L.n / head_dim;
+        const int64_t nh = hp.n_head((uint32_t) il);
+        auto gains = [&](const ggml_tensor * g) {
+            return g != nullptr && g->type == GGML_TYPE_F32 && ggml_nelements(g) == head_dim ? tensor_floats(g)
+                                                                                              : std::vector<float>();
+        };
+        const std::vector<float> gq = gains(ml.attn_q_norm), gk = gains(ml.attn_k_norm);
+        std::vector<float> ga;
+        if (ml.attn_norm != nullptr && ml.attn_norm->type == GGML_TYPE_F32 && ggml_nelements(ml.attn_norm) == n_embd) {
+            ga = tensor_floats(ml.attn_norm);
+        }
+        const bool shapes = ml.wq != nullptr && ml.wk != nullptr && ml.wq->ne[0] == n_embd && ml.wk->ne[0] == n_embd &&
+                            ml.wq->ne[1] == nh * head_dim && ml.wk->ne[1] == L.n && nh % hkv == 0 &&
+                            gq.empty() == gk.empty();
+        const std::vector<float> wq = shapes ? weight_floats(ml.wq) : std::vector<float>();
+        const std::vector<float> wk = shapes && !wq.empty() ? weight_floats(ml.wk) : std::vector<float>();
+        result & r = out[t];
+        r.all.assign(3 * (size_t) hkv * d * d, 0.0f);
+        r.inv.assign((size_t) hkv * d * d, 0.0f);
+        r.from_weights = !wk.empty();
+        for (int64_t h = 0; h < hkv; ++h) {
+            std::vector<float> a, inv;
+            bool ok = false;
+            if (r.from_weights) {
+                const int64_t group = nh / hkv;
+                la::mat sq(d * d, 0.0);
+                for (int64_t j = 0; j < group; ++j) {
+                    const la::mat c = head_moment(wq, n_embd, (h * group + j) * head_dim, head_dim, ga, gq);
+                    for (size_t i = 0; i < d * d; ++i) {
+                        sq[i] += c[i];
+                    }
+                }
+                const la::mat sk = head_moment(wk, n_embd, h * head_dim, head_dim, ga, gk);
+                ok = balanced_basis(shrink_offdiag(rope_average(sk, head_dim, model, il, n_pos), shrink),
+                                    shrink_offdiag(rope_average(sq, head_dim, model, il, n_pos), shrink), d, a, inv);
+            }
+            if (!ok) {  // the diagonal scales (1 without QK-norm gains) as a matrix
+                r.from_weights = false;
+                a.assign(d * d, 0.0f);
+                inv.assign(d * d, 0.0f);
+                for (size_t i = 0; i < d; ++i) {
+                    a[i * d + i] = L.s[(size_t) h * d + i];
+                    inv[i * d + i] = 1.0f / a[i * d + i];
+                }
+            }
+            float * dst_a = &r.all[(size_t) ((MAT_A * hkv + h) * (int64_t) (d * d))];
+            float * dst_t = &r.all[(size_t) ((MAT_INV_T * hkv + h) * (int64_t) (d * d))];
+            float * dst_i = &r.all[(size_t) ((MAT_INV * hkv + h) * (int64_t) (d * d))];
+            for (size_t i = 0; i < d; ++i) {
+                for (size_t j = 0; j < d; ++j) {
+                    dst_a[i * d + j] = a[i * d + j];
+                    dst_t[i * d + j] = inv[j * d + i];
+                    dst_i[i * d + j] = inv[i * d + j];
+                }
+            }
+            std::memcpy(&r.inv[(size_t) h * d * d], inv.data(), d * d * sizeof(float));
+        }
+    };
+    const size_t n_threads = std::min<size_t>(todo.size(), std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> workers;
+    std::atomic<size_t> next{0};
+    for (size_t w = 0; w < n_threads; ++w) {
+        workers.emplace_back([&] {
+            for (size_t t = next++; t < todo.size(); t = next++) {
+                one(t);
+            }
+        });
+    }
+    for (auto & w : workers) {
+        w.join();
+    }
+    int32_t n_from_weights = 0;
+    for (size_t t = 0; t < todo.size(); ++t) {
+        ggml_backend_tensor_set(todo[t]->m, out[t].all.data(), 0, out[t].all.size() * sizeof(float));
+        todo[t]->a_inv = std::move(out[t].inv);
+        n_from_weights += out[t].from_weights ? 1 : 0;
+    }
+    LLAMA_LOG_INFO("%s: TQ key basis over %u positions: %d of %zu layers from the weights (the others: diagonal scales)\n",
+                   __func__, n_pos, n_from_weights, todo.size());
+}
+
+// The basis of an SWA cache waits for its owner's span (set_center_span); one nobody tells takes the trained context.
+void llama_tq_keys::ensure_basis() const {
+    if (matrix && model_ != nullptr && basis_span == 0) {
+        compute_basis(*model_, model_->hparams.n_ctx_train, true);
     }
 }
 
@@ -322,22 +645,28 @@ void llama_tq_keys::reset() {
 }
 
 ggml_tensor * llama_tq_keys::to_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
+    ensure_basis();
     const layer * L = find(il);
     if (L != nullptr && equalize) {
-        cur = ggml_mul(ctx, cur, row(ctx, *L, ROW_INV_S));
+        cur = L->m != nullptr ? mat_mul_heads(ctx, *L, MAT_INV, cur) : ggml_mul(ctx, cur, row(ctx, *L, ROW_INV_S));
     }
     return L != nullptr && center ? ggml_add(ctx, cur, row(ctx, *L, ROW_MU)) : cur;
 }
 
 ggml_tensor * llama_tq_keys::from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
+    ensure_basis();
     const layer * L = find(il);
     if (L != nullptr && center) {
         cur = ggml_sub(ctx, cur, row(ctx, *L, ROW_MU));
     }
-    return L != nullptr && equalize ? ggml_mul(ctx, cur, row(ctx, *L, ROW_S)) : cur;
+    if (L != nullptr && equalize) {
+        cur = L->m != nullptr ? mat_mul_heads(ctx, *L, MAT_A, cur) : ggml_mul(ctx, cur, row(ctx, *L, ROW_S));
+    }
+    return cur;
 }
 
 void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
+    ensure_basis();
     const layer * lp = find(il);
     if (lp == nullptr) {
         return;
@@ -356,8 +685,27 @@ void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
             }
         }
     }
+    std::vector<float> y((size_t) head_dim);
     for (int64_t r = 0; r < n_rows; ++r) {
         float * x = rows + r * L.n;
+        if (L.m != nullptr && equalize) {
+            for (int64_t h = 0; h < L.n / head_dim; ++h) {  // x_h = A_h^-1 x_h
+                const float * inv = &L.a_inv[(size_t) (h * head_dim * head_dim)];
+                float * xh = x + h * head_dim;
+                for (int64_t i = 0; i < head_dim; ++i) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j < head_dim; ++j) {
+                        acc += (double) inv[i * head_dim + j] * xh[j];
+                    }
+                    y[(size_t) i] = (float) acc;
+                }
+                std::memcpy(xh, y.data(), (size_t) head_dim * sizeof(float));
+            }
+            for (int64_t c = 0; c < L.n; ++c) {
+                x[c] += mu[c];
+            }
+            continue;
+        }
         for (int64_t c = 0; c < L.n; ++c) {
             x[c] = x[c] / L.s[c] + mu[c];
         }
@@ -370,8 +718,12 @@ static const uint32_t TQ_KEYS_MAGIC = 0x314b5154;  // "TQK1"
 
 void llama_tq_keys::state_write(llama_io_write_i & io) const {
     io.write(&TQ_KEYS_MAGIC, sizeof(TQ_KEYS_MAGIC));
-    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (mu_ready ? 4u : 0u);
+    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (mu_ready ? 4u : 0u) | (matrix ? 8u : 0u);
     io.write(&flags, sizeof(flags));
+    if (matrix) {
+        ensure_basis();
+        io.write(&basis_span, sizeof(basis_span));  // the basis follows from the model and this span
+    }
     for (const auto & [il, L] : layers) {
         io.write_tensor(L.t, 0, (size_t) L.n * sizeof(float));
     }
@@ -387,10 +739,24 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
         return false;
     }
     io.read(&flags, sizeof(flags));
-    if ((flags & 3u) != ((center ? 1u : 0u) | (equalize ? 2u : 0u))) {
+    if ((flags & 11u) != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u))) {
         LLAMA_LOG_ERROR("%s: the state was saved with other TQ key transforms (flags %u; this cache: centering %d, "
-                        "equalization %d; see LLAMA_TQ_KEYS)\n", __func__, flags, center, equalize);
+                        "equalization %d, matrix %d; see LLAMA_TQ_KEYS)\n", __func__, flags, center, equalize, matrix);
         return false;
+    }
+    uint32_t span = basis_span;
+    if (matrix) {
+        io.read(&span, sizeof(span));
+        if (span == 0 || span > (1u << 30)) {
+            LLAMA_LOG_ERROR("%s: the state's TQ key basis span (%u) is corrupt\n", __func__, span);
+            return false;
+        }
+        if (span != basis_span && cache_has_other_keys) {
+            LLAMA_LOG_ERROR("%s: the state's keys use the TQ key basis of a %u-position context, this cache holds "
+                            "other keys in the basis of %u positions; restore into an emptied cache\n", __func__, span,
+                            basis_span);
+            return false;
+        }
     }
     std::vector<std::vector<float>> mus;
     bool differs = false;
@@ -405,6 +771,9 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
         LLAMA_LOG_ERROR("%s: this cache holds other sequences' keys centered on a different key mean than the saved "
                         "ones; restore into an emptied cache (or use LLAMA_TQ_KEYS=eq, which stores no mean)\n", __func__);
         return false;
+    }
+    if (matrix && span != basis_span && model_ != nullptr) {
+        compute_basis(*model_, span);  // the saved keys were stored in the basis of the saving context's span
     }
     size_t i = 0;
     for (const auto & [il, L] : layers) {

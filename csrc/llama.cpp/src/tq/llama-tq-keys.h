@@ -20,7 +20,15 @@
 // Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
-// Policy: on for tq3/tq4 K by default; LLAMA_TQ_KEYS=auto|0|mean|eq|1 (common arg --tq-keys) overrides it.
+// Key basis (LLAMA_TQ_KEYS=matrix): instead of the diagonal s, a full matrix A per (layer, KV head) stores A (k - mu)
+// and uses A^-T q (exact for any invertible A). A minimizes the logit error of TQ's isotropic quantization error
+// (A^T A = Sk^-1 # Sq, the matrix geometric mean) for key and query second moments estimated from the weights
+// (W diag(g_attn_norm^2) W^T per head, RMS-normalized and scaled by the QK-norm gains where the model has them) and
+// averaged over the RoPE rotations of the cache's positions: deterministic from the model and n_ctx (the state
+// stores n_ctx). Costs two small mat-muls per layer; layers whose weights cannot be read back keep the diagonal s.
+// Off-diagonal moments are scaled by 1 - f, f = LLAMA_TQ_KEYS_BASIS_SHRINK (default 0.5; a measurement knob,
+// bench/results/key_basis/).
+// Policy: on for tq3/tq4 K by default; LLAMA_TQ_KEYS=auto|0|mean|eq|1|matrix (common arg --tq-keys) overrides it.
 // Testing: LLAMA_TQ_KEYS_TEST_OFFSET=x adds a fixed pseudo-random vector of L2 norm x per head to every key (after
 // RoPE, before the transforms) on the RoPE pairs where a K bias added before RoPE stays a common offset after it
 // (those that turn by at most 1 rad over the trained context; layers without such pairs get none), as a large
@@ -58,6 +66,7 @@ public:
     // Equalized keys take upstream's Hadamard rotation on K off by default (llama-tq-attn-rot.h: measured, and it
     // saves two mat-muls per layer).
     bool equalizes() const { return equalize; }
+    bool uses_matrix() const { return matrix; }
 
     // The cache became empty: the next ubatch sets a new mu (zero until then).
     void reset();
@@ -92,7 +101,15 @@ private:
         ggml_backend_buffer_type_t buft;
         ggml_tensor * t = nullptr;         // F32 [n, N_ROWS]: the rows of row_id
         std::vector<float> s;              // host copy of s
+        ggml_tensor * m = nullptr;         // key basis: F32 [D, D, n_head_kv, 3]: A, A^-T, A^-1 (row-major), or null
+        mutable std::vector<float> a_inv;  // host copy of A^-1 per KV head (true_keys)
     };
+    enum mat_id { MAT_A, MAT_INV_T, MAT_INV };
+    ggml_tensor * mat(ggml_context * ctx, const layer & L, mat_id m) const;
+    // x [D, H, T] -> per head matrix m times x (the head's KV matrix: query head h reads KV head h / (H / n_head_kv))
+    ggml_tensor * mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const;
+    void compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset = false) const;
+    void ensure_basis() const;
     enum row_id { ROW_MU, ROW_S, ROW_INV_S, ROW_TEST_OFFSET, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
     const layer * find(int32_t il) const;  // nullptr where layer il has no transforms
     ggml_tensor * row(ggml_context * ctx, const layer & L, row_id r) const;
@@ -100,6 +117,10 @@ private:
     bool center = false;
     float test_offset = 0.0f;
     bool equalize = false;
+    bool matrix = false;       // equalization by a full matrix per KV head (the key basis)
+    mutable uint32_t basis_span = 0;  // the positions the basis was averaged over (0: not computed yet)
+    mutable std::mutex basis_mutex;
+    const llama_model * model_ = nullptr;  // for a basis of another span (a restored state)
     int64_t head_dim = 0;
     int64_t n_head = 0;
     int64_t n_head_kv = 0;
