@@ -77,6 +77,23 @@ def test_key_basis_from_the_weights_beats_diagonal_scales(text: Path) -> None:
     assert basis - f16 < 0.6 * (diag - f16), (f16, diag, basis)
 
 
+@pytest.mark.parametrize("keys", ["auto", "matrix"])
+def test_context_shift_with_transformed_keys(keys: str) -> None:
+    """A context shift (K-shift) maps stored TQ keys back to true keys, rotates them and stores them again: with the
+    key transforms on, upstream's Hadamard rotation of K is off, and the shift graph used to dereference the absent
+    rotation (a segfault). 300 tokens into a 256-token context shift it at least once."""
+    exe = shutil.which("llama-completion")
+    assert exe
+    proc = subprocess.run([exe, "-m", str(default_model()), "-c", "256", "-n", "300", "--context-shift", "-no-cnv",
+                           "--temp", "0", "-t", "2", "-fa", "on", "-ctk", "tq3", "-ctv", "tq3", "-lv", "5",
+                           "-p", "The history of the Roman Empire"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "LLAMA_TQ_KEYS": keys})  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "context full, swapping" in log, log[-3000:]
+    assert len(proc.stdout.split()) > 150, proc.stdout[-1000:]
+
+
 def test_bad_tq_keys_value_is_a_clear_error(text: Path) -> None:
     exe = shutil.which("llama-perplexity")
     assert exe
