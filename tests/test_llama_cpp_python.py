@@ -80,14 +80,15 @@ def test_64_and_96_value_block_states_round_trip(binding: None, tmp_path: Path, 
     assert size_tq3 < size_f16 / 3  # the TQ blocks (28 B per 64 values, 40 B per 96), not f16's 2 B per value
 
 
-SEQ_SCRIPT = textwrap.dedent(
+# a saves sequence 0 after a prompt, then scores one more token: what a restore elsewhere must reproduce
+SEQ_SAVED = textwrap.dedent(
     """
     import ctypes, sys, llama_tq
     llama_cpp = llama_tq.llama_cpp()
-    def make():
-        return llama_cpp.Llama(sys.argv[1], n_ctx=512, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
+    def make(n_ctx=512):
+        return llama_cpp.Llama(sys.argv[1], n_ctx=n_ctx, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
                                flash_attn=True, verbose=False, n_threads=2)
-    a, b = make(), make()
+    a = make()
     p1 = a.tokenize(b"The capital of France is Paris. The capital of Germany is")
     a.eval(p1)
     size = llama_cpp.llama_state_seq_get_size(a.ctx, 0)
@@ -96,13 +97,22 @@ SEQ_SCRIPT = textwrap.dedent(
     nxt = a.tokenize(b" Berlin", add_bos=False)
     a.eval(nxt)
     want = a.scores[a.n_tokens - 1].copy()
+    def restore(other):  # sequence 0 of a into other, then the same token
+        ok = llama_cpp.llama_state_seq_set_data(other.ctx, buf, size, 0)
+        other.n_tokens = len(p1)
+        other.input_ids[: len(p1)] = p1
+        other.eval(nxt)
+        return ok > 0, other.scores[other.n_tokens - 1]
+    """
+)
+
+SEQ_SCRIPT = SEQ_SAVED + textwrap.dedent(
+    """
+    b = make()
     # b first fills its cache from other text: its key mean differs from a's
     b.eval(b.tokenize(b"def main():\\n    x = [i * i for i in range(100)]\\n    print(sum(x))\\n" * 4))
-    ok = llama_cpp.llama_state_seq_set_data(b.ctx, buf, size, 0)
-    b.n_tokens = len(p1)
-    b.input_ids[: len(p1)] = p1
-    b.eval(nxt)
-    print("SEQ", ok > 0, bool((b.scores[b.n_tokens - 1] == want).all()))
+    ok, got = restore(b)
+    print("SEQ", ok, bool((got == want).all()))
     """
 )
 
@@ -117,30 +127,12 @@ def test_seq_restore_adopts_the_saved_key_mean(binding: None) -> None:
     assert line.split()[1:] == ["True", "True"], line
 
 
-BASIS_SCRIPT = textwrap.dedent(
+BASIS_SCRIPT = SEQ_SAVED + textwrap.dedent(
     """
-    import ctypes, os, sys, llama_tq
-    llama_cpp = llama_tq.llama_cpp()
-    def make(n_ctx):
-        return llama_cpp.Llama(sys.argv[1], n_ctx=n_ctx, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
-                               flash_attn=True, verbose=False, n_threads=2)
-    a, b, c = make(512), make(512), make(1024)
-    p1 = a.tokenize(b"The capital of France is Paris. The capital of Germany is")
-    a.eval(p1)
-    size = llama_cpp.llama_state_seq_get_size(a.ctx, 0)
-    buf = (ctypes.c_uint8 * size)()
-    assert llama_cpp.llama_state_seq_get_data(a.ctx, buf, size, 0) == size
-    nxt = a.tokenize(b" Berlin", add_bos=False)
-    a.eval(nxt)
-    want = a.scores[a.n_tokens - 1].copy()
     out = []
-    for other in (b, c):  # b: the same context size; c: another one, whose own key basis differs
-        ok = llama_cpp.llama_state_seq_set_data(other.ctx, buf, size, 0)
-        other.n_tokens = len(p1)
-        other.input_ids[: len(p1)] = p1
-        other.eval(nxt)
-        got = other.scores[other.n_tokens - 1]
-        out += [ok > 0, float(abs(got - want).max()), int(got.argmax()) == int(want.argmax())]
+    for other in (make(512), make(1024)):  # the same context size; another one, whose own key basis differs
+        ok, got = restore(other)
+        out += [ok, float(abs(got - want).max()), int(got.argmax()) == int(want.argmax())]
     print("BASIS", *out)
     """
 )
