@@ -101,6 +101,12 @@ std::vector<float> tensor_floats(const ggml_tensor * t) {
     return v;
 }
 
+// A per-head QK-norm's gains (one F32 vector of head_dim shared by the heads), or nothing if g is not one.
+std::vector<float> head_gains(const ggml_tensor * g, int64_t head_dim) {
+    const bool ok = g != nullptr && g->type == GGML_TYPE_F32 && g->ne[0] == head_dim && ggml_nelements(g) == head_dim;
+    return ok ? tensor_floats(g) : std::vector<float>();
+}
+
 // The dequantized rows of a weight, or nothing where its buffer cannot be read back as it was loaded (the CPU's
 // repacking buffer types keep another layout and cannot be read at all).
 std::vector<float> weight_floats(const ggml_tensor * w) {
@@ -376,12 +382,10 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
     for (auto & [il, L] : layers) {
         const llama_layer & ml = model.layers[il];
         std::vector<float> s1((size_t) head_dim, 1.0f);
-        const bool gains = equalize && ml.attn_q_norm != nullptr && ml.attn_k_norm != nullptr &&
-                           ml.attn_q_norm->type == GGML_TYPE_F32 && ml.attn_k_norm->type == GGML_TYPE_F32 &&
-                           ml.attn_q_norm->ne[0] == head_dim && ml.attn_k_norm->ne[0] == head_dim &&
-                           ggml_nelements(ml.attn_q_norm) == head_dim && ggml_nelements(ml.attn_k_norm) == head_dim;
-        if (gains) {
-            s1 = scales_from_gains(tensor_floats(ml.attn_q_norm), tensor_floats(ml.attn_k_norm), neox);
+        const std::vector<float> gq = equalize ? head_gains(ml.attn_q_norm, head_dim) : std::vector<float>();
+        const std::vector<float> gk = equalize ? head_gains(ml.attn_k_norm, head_dim) : std::vector<float>();
+        if (!gq.empty() && !gk.empty()) {
+            s1 = scales_from_gains(gq, gk, neox);
             ++n_eq;
         }
         L.s.resize((size_t) L.n);
@@ -472,7 +476,6 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     }
     if (equalize && L.m != nullptr) {
         q = mat_mul_heads(ctx, L, MAT_INV_T, q);
-        ggml_build_forward_expand(gf, q);  // ahead of the K/V writes, as below
     } else if (equalize) {
         q = ggml_is_contiguous(q) ? q : ggml_cont(ctx, q);
         const int64_t nh = q->ne[1];
@@ -482,6 +485,8 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
         ggml_tensor * inv =
             ggml_view_4d(ctx, L.t, head_dim, 1, hkv, 1, head_dim * f, head_dim * f, L.n * f, ROW_INV_S * L.n * f);
         q = ggml_reshape_3d(ctx, ggml_mul(ctx, q4, inv), head_dim, nh, nt);
+    }
+    if (equalize) {
         // into the graph now, ahead of the K/V writes: then the FA node directly follows the writes, and on CUDA
         // it may read Q before waiting for them (tq_fa_params::q_early)
         ggml_build_forward_expand(gf, q);
@@ -530,7 +535,6 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
     const int64_t n_embd = hp.n_embd;
     struct result {
         std::vector<float> all;  // A, A^-T, A^-1 of every KV head, as L.m holds them
-        std::vector<float> inv;  // A^-1 of every KV head
         bool from_weights = false;
     };
     std::vector<const layer *> todo;
@@ -548,11 +552,7 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
         const llama_layer & ml = model.layers[il];
         const int64_t hkv = L.n / head_dim;
         const int64_t nh = hp.n_head((uint32_t) il);
-        auto gains = [&](const ggml_tensor * g) {
-            return g != nullptr && g->type == GGML_TYPE_F32 && ggml_nelements(g) == head_dim ? tensor_floats(g)
-                                                                                              : std::vector<float>();
-        };
-        const std::vector<float> gq = gains(ml.attn_q_norm), gk = gains(ml.attn_k_norm);
+        const std::vector<float> gq = head_gains(ml.attn_q_norm, head_dim), gk = head_gains(ml.attn_k_norm, head_dim);
         std::vector<float> ga;
         if (ml.attn_norm != nullptr && ml.attn_norm->type == GGML_TYPE_F32 && ggml_nelements(ml.attn_norm) == n_embd) {
             ga = tensor_floats(ml.attn_norm);
@@ -564,7 +564,6 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
         const std::vector<float> wk = shapes && !wq.empty() ? weight_floats(ml.wk) : std::vector<float>();
         result & r = out[t];
         r.all.assign(3 * (size_t) hkv * d * d, 0.0f);
-        r.inv.assign((size_t) hkv * d * d, 0.0f);
         r.from_weights = !wk.empty();
         for (int64_t h = 0; h < hkv; ++h) {
             std::vector<float> a, inv;
@@ -601,7 +600,6 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
                     dst_i[i * d + j] = inv[i * d + j];
                 }
             }
-            std::memcpy(&r.inv[(size_t) h * d * d], inv.data(), d * d * sizeof(float));
         }
     };
     const size_t n_threads = std::min<size_t>(todo.size(), std::max(1u, std::thread::hardware_concurrency()));
@@ -620,7 +618,8 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
     int32_t n_from_weights = 0;
     for (size_t t = 0; t < todo.size(); ++t) {
         ggml_backend_tensor_set(todo[t]->m, out[t].all.data(), 0, out[t].all.size() * sizeof(float));
-        todo[t]->a_inv = std::move(out[t].inv);
+        const auto inv = out[t].all.begin() + (std::ptrdiff_t) (MAT_INV * out[t].all.size() / 3);  // its A^-1 block
+        todo[t]->a_inv.assign(inv, out[t].all.end());
         n_from_weights += out[t].from_weights ? 1 : 0;
     }
     LLAMA_LOG_INFO("%s: TQ key basis over %u positions: %d of %zu layers from the weights (the others: diagonal scales)\n",
