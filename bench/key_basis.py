@@ -14,6 +14,7 @@ text; `needle`: a NIAH prompt of `llama-tq niah` (cloze, --tokens context), the 
 last token puts on the needle's tokens in each global layer (best head), exact keys against each basis.
 
     python bench/key_basis.py --tokens 16384 [--mode needle --positions 0.05,0.25,...] --out bench/results/key_basis
+    python bench/key_basis.py --table bench/results/key_basis/needle_16384.json   # the markdown table of a run
 """
 
 from __future__ import annotations
@@ -111,6 +112,37 @@ def quantized(k: np.ndarray, mu: np.ndarray, a: np.ndarray, kind: str) -> np.nda
     return np.linalg.solve(a, kt.tq((k - mu) @ a.T, kind).T).T + mu
 
 
+def table(data: dict) -> str:
+    """The markdown table of a run: per layer and key set (text), or per position and layer with the mean
+    |log(mass / exact mass)| over them (needle)."""
+    rows = data["rows"]
+    if data["meta"]["mode"] == "text":
+        keys = list(dict.fromkeys(r["keys"] for r in rows))
+        out = ["| keys | " + " | ".join(f"L{il} attn KL | L{il} logit RMS" for il in GLOBAL) + " |",
+               "|---|" + "---|---|" * len(GLOBAL)]  # fmt: skip
+        for k in keys:
+            by = {r["layer"]: r for r in rows if r["keys"] == k}
+            out.append(
+                f"| {k} | " + " | ".join(f"{by[il]['attn_kl']:.4f} | {by[il]['logit_rms']:.3f}" for il in GLOBAL) + " |"
+            )
+        return "\n".join(out)
+    names = [f"tq3, {n}" for n in NAMES] + ["tq4, diag (shipped)"]
+    out = ["| position | layer | exact | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    err: dict[str, list[float]] = {n: [] for n in names}
+    for r in rows:
+        for il in GLOBAL[:2]:  # layer 17 puts ~1 % on the needle with every key set
+            ex = r[f"L{il} exact"]
+            out.append(
+                f"| {r['position']} | {il} | {ex:.3f} | " + " | ".join(f"{r[f'L{il} {n}']:.3f}" for n in names) + " |"
+            )
+            for n in names:
+                err[n].append(abs(float(np.log(r[f"L{il} {n}"] / ex))))
+    out.append(
+        "| mean \\|log(mass / exact mass)\\| | | | " + " | ".join(f"**{np.mean(err[n]):.3f}**" for n in names) + " |"
+    )
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=4096)
@@ -118,7 +150,11 @@ def main() -> None:
     ap.add_argument("--needle", default=niah.DEFAULT_NEEDLE)
     ap.add_argument("--positions", default="0.05,0.25,0.5,0.75,0.95")
     ap.add_argument("--out", type=Path, default=Path("bench/results/key_basis"))
+    ap.add_argument("--table", type=Path, help="print the markdown table of an earlier run's JSON and stop")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     t0 = time.time()
     kt.WANT = re.compile(r"^[QKV]cur(_normed)?-(" + "|".join(map(str, GLOBAL)) + r")$")
     model = default_model()
@@ -173,6 +209,7 @@ def main() -> None:
     meta = {"model": model.name, "tokens": n, "mode": args.mode, "seconds": round(time.time() - t0),
             "needle": args.needle if args.mode == "needle" else None}  # fmt: skip
     (args.out / f"{args.mode}_{n}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    print(table({"meta": meta, "rows": rows}))
     print(f"wrote {args.out / f'{args.mode}_{n}.json'}")
 
 
