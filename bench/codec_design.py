@@ -42,18 +42,19 @@ def main() -> None:
     rng = np.random.default_rng(0)
     data = datasets(rng)
     rows = []
-    variants = {  # name: (rounds, least-squares scale, sub-block multipliers)
-        "spec": (1, False, False),
-        "r2": (2, False, False),
-        "ls": (1, True, False),
-        "r2 ls": (2, True, False),
-        "ls sub": (1, True, True),
+    variants = {  # name: (rounds, scale: norm / least-squares / inner-product preserving, sub-block multipliers)
+        "spec": (1, "norm", False),
+        "r2": (2, "norm", False),
+        "ls": (1, "ls", False),
+        "r2 ls": (2, "ls", False),
+        "ls sub": (1, "ls", True),
+        "ip sub": (1, "ip", True),
     }
     for name, x in data.items():
         row: dict[str, float | str] = {"data": name}
         for bits in (3, 4):
-            for vname, (rounds, corrected, subscaled) in variants.items():
-                s, sub, idx = ref.quantize(x, bits, rounds, corrected, subscaled)
+            for vname, (rounds, scale, subscaled) in variants.items():
+                s, sub, idx = ref.quantize(x, bits, rounds, scale, subscaled)
                 if not subscaled:
                     sub = np.zeros((len(x), 0), np.uint8)
                 row[f"tq{bits} {vname}"] = rel_mse(x, ref.dequantize(s, sub, idx, bits, rounds))
@@ -74,9 +75,11 @@ def main() -> None:
         "",
         f"`python bench/codec_design.py` ({N} vectors per set, seed 0). Relative MSE ||x - x_hat||^2 / ||x||^2.",
         "`spec`: the paper's layout {float32 L2 norm; indices}, one sign+WHT round; `r2`: two rounds;",
-        "`ls`: store the least-squares scale n * <y, c> / <c, c> instead of the norm; `sub`: bf16 scale plus a",
-        "4-bit codebook multiplier per 32 values (same 52/68 bytes). `C codec`: the shipped design (ls sub)",
-        "through llama_tq._codec. `q4_0` (4.5 bits/value) for reference, also on Hadamard-rotated input.",
+        "`ls`: store the least-squares scale n * <y, c> / <c, c> instead of the norm (the smallest MSE);",
+        "`ip`: the inner-product-preserving scale n / <y, c> (<x_hat, x> = |x|^2: no shrinkage along x, which",
+        "lowers model KLD for keys, codec_scale.md); `sub`: bf16 scale plus a 4-bit codebook multiplier per 32",
+        "values (same 52/68 bytes). `C codec`: the shipped design (ip sub) through llama_tq._codec. `q4_0`",
+        "(4.5 bits/value) for reference, also on Hadamard-rotated input.",
         "",
         "| data | " + " | ".join(keys) + " |",
         "|---|" + "---|" * len(keys),

@@ -2,8 +2,8 @@
 
 It shares no code with the C implementation: the sign pattern is re-derived from splitmix64, the
 Hadamard matrix is built by Sylvester's construction, and the arithmetic is float64 matrix algebra.
-Options beyond the shipped design (two rotation rounds, the plain L2 norm, the spec layout without
-sub-block multipliers) exist for bench/codec_design.py.
+Options beyond the shipped design (two rotation rounds, the plain L2 norm or the least-squares scale, the spec
+layout without sub-block multipliers) exist for bench/codec_design.py.
 """
 
 from __future__ import annotations
@@ -84,11 +84,12 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
 
 
 def quantize(
-    x: np.ndarray, bits: int, rounds: int = 1, corrected: bool = True, subscaled: bool = True, block: int = BLOCK
+    x: np.ndarray, bits: int, rounds: int = 1, scale: str = "ip", subscaled: bool = True, block: int = BLOCK
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x: (n, block). Returns (scale (n,), sub-scale indices (n, 4), idx (n, block)).
 
-    subscaled=False, corrected=False is the paper's spec layout (float norm, one codebook scale)."""
+    scale: "ip" (shipped) n / <y, c>, inner-product preserving (<x_hat, x> = |x|^2); "ls" the least-squares
+    n <y, c> / <c, c>; "norm" the plain L2 norm. subscaled=False, scale="norm" is the paper's spec layout."""
     x = np.asarray(x, dtype=np.float64)
     cb = book(bits, block)
     norm = np.linalg.norm(x, axis=1)
@@ -108,10 +109,18 @@ def quantize(
         sub = np.where(win, j, sub)
         idx = np.where(win[..., None], cand, idx)
     c = (mults[sub][..., None] * cb.centroids[idx]).reshape(n, block)
-    scale = norm * np.sum(y * c, axis=1) / np.sum(c * c, axis=1) if corrected else norm
+    yc = np.sum(y * c, axis=1)
+    if scale == "ip":
+        s = np.divide(norm, yc, out=np.zeros_like(norm), where=yc > 0)
+    elif scale == "ls":
+        s = norm * yc / np.sum(c * c, axis=1)
+    elif scale == "norm":
+        s = norm
+    else:
+        raise ValueError(f"unknown scale {scale!r} (ip, ls, norm)")
     if subscaled:
-        scale = from_bf16(to_bf16(scale))
-    return scale, sub.astype(np.uint8), idx.reshape(n, block).astype(np.uint8)
+        s = from_bf16(to_bf16(s))
+    return s, sub.astype(np.uint8), idx.reshape(n, block).astype(np.uint8)
 
 
 def dequantize(
