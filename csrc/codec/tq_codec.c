@@ -313,7 +313,7 @@ static unsigned tq_pick_fmt(const tq_fmt *f, const float *y, uint8_t *idx) {
 
 unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) { return tq_pick_fmt(tq_fmt_of(bits, TQ_BLOCK), y, idx); }
 
-/* The codec's double sums (the block's squared norm, the scale's <y, c'>) in a canonical
+/* The codec's double sums (the block's squared norm, the least-squares scale's <y, c'> and <c', c'>) in a canonical
  * order that a GPU warp reproduces without a sequential chain: 32 lanes, lane l summing terms l, l + 32, l + 64, ...
  * from 0.0 in sequence, then the butterfly tree of lanes at distances 16, 8, 4, 2, 1 (lane l < d adds lane l + d),
  * the result in lane 0. Terms are products of two floats, exact in double; only the sums round. */
@@ -338,7 +338,7 @@ static void tq_quantize_fmt(const tq_fmt *f, const float *x, void *block, tq_sub
     uint8_t *out = (uint8_t *)block;
     uint8_t idx[TQ_BLOCK];
     float y[TQ_BLOCK];
-    double t0[TQ_BLOCK];
+    double t0[TQ_BLOCK], t1[TQ_BLOCK];
     const int n = f->n;
 
     for (int i = 0; i < n; ++i) {
@@ -365,15 +365,13 @@ static void tq_quantize_fmt(const tq_fmt *f, const float *x, void *block, tq_sub
         for (int i = k * len; i < (k + 1) * len; ++i) {
             const double c = (double)(TQ_SUBSCALE[j] * f->cent[idx[i]]);
             t0[i] = (double)y[i] * c;
+            t1[i] = c * c;
         }
     }
     tq_pack_fmt(f, idx, out + TQ_HEADER_BYTES);
     const double yc = tq_sum_canonical(t0, n);
-    /* The inner-product-preserving scale: <x_hat, x> = n^2, so a query along x keeps its logit. The least-squares
-     * scale n <y,c'>/<c',c'> is 1 - MSE smaller and so flattens sharp attention (a needle's logit shrinks by
-     * ~2.6 % at 3 bits); this one costs +2.6 % MSE and lowers model KLD (bench/results/codec_scale.md).
-     * yc > 0 unless the block is zero: every y_i takes a centroid of its own sign. */
-    double s = yc > 0.0 ? norm / yc : 0.0;
+    const double cc = tq_sum_canonical(t1, n);
+    double s = norm * (yc / cc); /* cc > 0: no centroid is zero */
     if (s > (double)TQ_BF16_MAX) {
         s = (double)TQ_BF16_MAX;
     }

@@ -11,11 +11,9 @@
  *   3. Each of the 4 sub-blocks of 32 rotated values picks one of 16 multipliers m_j (TQ_SUBSCALE) for the
  *      Lloyd-Max codebook c (tq_codebooks.h, d = 128 coordinate law): for every j, each value takes its nearest
  *      centroid of m_j * c, and the j with the smallest squared error wins (first on ties).
- *   4. The stored scale is the inner-product-preserving scale s = n / <y, c'> for the chosen
- *      c'_i = m_k(i) * c[idx_i] (0 for a zero block), rounded to bfloat16: <x_hat, x> = ||x||^2, so the
- *      reconstruction is not shrunk along x (the least-squares scale n <y, c'> / <c', c'> is, by the MSE,
- *      which flattens sharp attention; this one costs +2 % MSE and lowers model KLD: bench/results/codec_scale.md).
- *      bf16 keeps float's range (a block norm can exceed fp16's 65504) at a relative error <= 2^-8.
+ *   4. The stored scale is the least-squares scale s = n * <y, c'> / <c', c'> for the chosen
+ *      c'_i = m_k(i) * c[idx_i], rounded to bfloat16: it minimizes ||x - s * R^T c'||^2, and bf16 keeps
+ *      float's range (a block norm can exceed fp16's 65504) at a relative error <= 2^-9 (MSE cost ~1e-6).
  * Dequantizing: x_hat = s * D * H * c' / sqrt(128).
  * Why the sub-block multipliers: they cost the 16 bits that a float32 norm spends beyond bf16, and cut the
  * MSE on rotated Gaussian data by 23% (tq3) and 35% (tq4) versus the spec layout {float norm; indices}

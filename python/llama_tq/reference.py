@@ -2,8 +2,8 @@
 
 It shares no code with the C implementation: the sign pattern is re-derived from splitmix64, the
 Hadamard matrix is built by Sylvester's construction, and the arithmetic is float64 matrix algebra.
-Options beyond the shipped design (two rotation rounds, the plain L2 norm or the least-squares scale, the spec
-layout without sub-block multipliers) exist for bench/codec_design.py.
+Options beyond the shipped design (two rotation rounds, the plain L2 norm or the inner-product-preserving scale,
+the spec layout without sub-block multipliers) exist for bench/codec_design.py.
 """
 
 from __future__ import annotations
@@ -84,12 +84,13 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
 
 
 def quantize(
-    x: np.ndarray, bits: int, rounds: int = 1, scale: str = "ip", subscaled: bool = True, block: int = BLOCK
+    x: np.ndarray, bits: int, rounds: int = 1, scale: str = "ls", subscaled: bool = True, block: int = BLOCK
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x: (n, block). Returns (scale (n,), sub-scale indices (n, 4), idx (n, block)).
 
-    scale: "ip" (shipped) n / <y, c>, inner-product preserving (<x_hat, x> = |x|^2); "ls" the least-squares
-    n <y, c> / <c, c>; "norm" the plain L2 norm. subscaled=False, scale="norm" is the paper's spec layout."""
+    scale: "ls" (shipped) the least-squares n <y, c> / <c, c>; "ip" n / <y, c>, inner-product preserving
+    (<x_hat, x> = |x|^2, measured and not adopted: bench/results/codec_scale.md); "norm" the plain L2 norm.
+    subscaled=False, scale="norm" is the paper's spec layout."""
     x = np.asarray(x, dtype=np.float64)
     cb = book(bits, block)
     norm = np.linalg.norm(x, axis=1)

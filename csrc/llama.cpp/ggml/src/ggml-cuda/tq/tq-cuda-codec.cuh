@@ -257,7 +257,7 @@ static __device__ __forceinline__ void tq_cu_fwht_warp64(float v[2], int lane) {
 // The codec's canonical double sum (tq_codec.c, tq_sum_canonical) of N terms in shared memory, run by one warp:
 // lane l sums terms l, l + 32, ... from 0.0 in sequence, then the xor butterfly over distances 16..1 (lane l adds lane
 // l ^ d, which for l < d is the codec's lane[l] + lane[l + d]: IEEE addition is commutative). Every lane returns the
-// sum.
+// sum. Two sums side by side: the least-squares scale's numerator and denominator.
 template <int N>
 static __device__ __forceinline__ double tq_cu_canon_sum(const double * s, int lane) {
     double acc = 0.0;
@@ -271,9 +271,28 @@ static __device__ __forceinline__ double tq_cu_canon_sum(const double * s, int l
     }
     return acc;
 }
+template <int N>
+static __device__ __forceinline__ void tq_cu_canon_sum2(const double * s, const double * t, int lane, double & a,
+                                                        double & b) {
+    a = 0.0;
+    b = 0.0;
+#pragma unroll
+    for (int i = 0; i < N / 32; ++i) {
+        a = __dadd_rn(a, s[lane + 32 * i]);
+        b = __dadd_rn(b, t[lane + 32 * i]);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) {
+        const double ao = __shfl_xor_sync(0xffffffffu, a, d);
+        const double bo = __shfl_xor_sync(0xffffffffu, b, d);
+        a = __dadd_rn(a, ao);
+        b = __dadd_rn(b, bo);
+    }
+}
+
 // Shared memory of one block's quantization (one CTA of 128 threads per block).
 struct tq_cu_qscratch {
-    double   d[TQ_BLOCK]; // products for the codec's double sums
+    double   d[2][TQ_BLOCK]; // products for the codec's double sums
     float    y[4][33];       // rotated values by sub-block (padded: the search's two lanes of a pair hit other banks)
     uint8_t  idx[TQ_BLOCK];
     uint32_t pick[4];
@@ -303,7 +322,7 @@ static __device__ __forceinline__ void tq_cu_tables_load(tq_cu_tables & dst, con
 // The multiplier search runs in parallel: in warp r, lanes 2j and 2j + 1 sum the even and odd canonical
 // accumulators of multiplier j for sub-block r, then a (error, j) minimum over the warp picks the codec's winner
 // (the first j with the smallest error). The double sums run in the codec's canonical order: the sum of squares on
-// every warp (the same sum, so no broadcast), the scale's <y, c'> on warp 0.
+// every warp (the same sum, so no broadcast), the least-squares scale's on warp 0.
 template <int BITS>
 static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uint8_t * out, tq_cu_qscratch & sm,
                                             int tid) {
@@ -312,9 +331,9 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
     const float * bound = BITS == 3 ? t.bound3 : t.bound4;
     const int w = tid >> 5, lane = tid & 31;
 
-    sm.d[tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
+    sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
-    const double ss = tq_cu_canon_sum<TQ_BLOCK>(sm.d, lane); // every warp the same sum: no broadcast
+    const double ss = tq_cu_canon_sum<TQ_BLOCK>(sm.d[0], lane); // every warp the same sum: no broadcast
     TQ_QPHASE(2);
 
     uint32_t idx = 0, pick = 0;
@@ -384,13 +403,15 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
         TQ_QPHASE(4);
         idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
-        // the inner-product-preserving scale n / <y, c'>: the codec's canonical double sum (exact products)
+        // least-squares scale: the codec's canonical double sums over the block (exact products)
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
-        sm.d[tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[1][tid] = __dmul_rn(c, c);
         __syncthreads();
         if (w == 0) {
-            const double yc = tq_cu_canon_sum<TQ_BLOCK>(sm.d, lane);
-            double s = yc > 0.0 ? __ddiv_rn(norm, yc) : 0.0; // as the codec: yc > 0 unless the block is zero
+            double yc, cc;
+            tq_cu_canon_sum2<TQ_BLOCK>(sm.d[0], sm.d[1], lane, yc, cc);
+            double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) { // the largest finite bfloat16, as the codec clamps
                 s = tq_f2d(TQ_BF16_MAX);
             }
@@ -474,10 +495,10 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
     const float * bound = BITS == 3 ? t.bound3_64 : t.bound4_64;
     const int w = tid >> 5, lane = tid & 31;
 
-    sm.d[tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
+    sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
     if (w == 0) {
-        const double ss0 = tq_cu_canon_sum<TQ_BLOCK_64>(sm.d, lane);
+        const double ss0 = tq_cu_canon_sum<TQ_BLOCK_64>(sm.d[0], lane);
         if (lane == 0) {
             sm.bcast = ss0;
         }
@@ -537,11 +558,13 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
         idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
-        sm.d[tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[1][tid] = __dmul_rn(c, c);
         __syncthreads();
         if (w == 0) {
-            const double yc = tq_cu_canon_sum<TQ_BLOCK_64>(sm.d, lane);
-            double s = yc > 0.0 ? __ddiv_rn(norm, yc) : 0.0; // as the codec: yc > 0 unless the block is zero
+            double yc, cc;
+            tq_cu_canon_sum2<TQ_BLOCK_64>(sm.d[0], sm.d[1], lane, yc, cc);
+            double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) {
                 s = tq_f2d(TQ_BF16_MAX);
             }
@@ -625,10 +648,10 @@ static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, u
     if (tid < 4) {
         sm.pick[tid] = 0; // a poisoned block keeps multiplier 0
     }
-    sm.d[tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
+    sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
     if (w == 0) {
-        const double ss0 = tq_cu_canon_sum<TQ_BLOCK_96>(sm.d, lane);
+        const double ss0 = tq_cu_canon_sum<TQ_BLOCK_96>(sm.d[0], lane);
         if (lane == 0) {
             sm.bcast = ss0;
         }
@@ -696,11 +719,13 @@ static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, u
         idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         const double c = tq_f2d(tq_fmul(t.sub[pick], cent[idx]));
-        sm.d[tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[0][tid] = __dmul_rn(tq_f2d(y), c);
+        sm.d[1][tid] = __dmul_rn(c, c);
         __syncthreads();
         if (w == 0) {
-            const double yc = tq_cu_canon_sum<TQ_BLOCK_96>(sm.d, lane);
-            double s = yc > 0.0 ? __ddiv_rn(norm, yc) : 0.0; // as the codec: yc > 0 unless the block is zero
+            double yc, cc;
+            tq_cu_canon_sum2<TQ_BLOCK_96>(sm.d[0], sm.d[1], lane, yc, cc);
+            double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
             if (s > tq_f2d(TQ_BF16_MAX)) {
                 s = tq_f2d(TQ_BF16_MAX);
             }

@@ -3,7 +3,7 @@
 //
 // The block format and the algorithm are csrc/codec/tq_codec.h's; the quantizer here is a transliteration of
 // tq_quantize_fmt() that must produce the same bytes:
-//   - the codec's double-precision steps (the block norm, x / norm, the scale n / <y, c'>) run on a software
+//   - the codec's double-precision steps (the block norm, x / norm, the least-squares scale) run on a software
 //     binary64 (tq_sd_*: 64-bit integers, round to nearest even), because Metal has no double;
 //   - every float operation is the codec's, in its order, with contraction and reassociation off (the pragmas
 //     below; the C codec is compiled with -ffp-contract=off);
@@ -452,8 +452,9 @@ template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block
         }
     }
     const tq_sd yc = tq_mtl_canon_sum<N>(y, c);
+    const tq_sd cc = tq_mtl_canon_sum<N>(c, c);
     tq_mtl_pack<BITS, N>(idx, out + 4);
-    tq_sd s = yc.m != 0 && !yc.neg ? tq_sd_div(norm, yc) : tq_sd_from_float(0.0f); // n / <y, c'>, as the codec
+    tq_sd s = tq_sd_mul(norm, tq_sd_div(yc, cc));
     const tq_sd smax = tq_sd_from_float(3.38953139e38f);
     if (tq_sd_gt(s, smax)) {
         s = smax;
