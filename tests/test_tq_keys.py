@@ -25,10 +25,13 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def perplexity(text: Path, ctk: str, ctv: str, keys: str, fa: str = "on", offset: float = 0.0) -> tuple[float, str]:
+def perplexity(
+    text: Path, ctk: str, ctv: str, keys: str, fa: str = "on", offset: float = 0.0, emulate: str = ""
+) -> tuple[float, str]:
     exe = shutil.which("llama-perplexity")
     assert exe
-    env = {**os.environ, "LLAMA_TQ_KEYS": keys, "LLAMA_TQ_KEYS_TEST_OFFSET": str(offset)}
+    env = {**os.environ, "LLAMA_TQ_KEYS": keys, "LLAMA_TQ_KEYS_TEST_OFFSET": str(offset),
+           "LLAMA_TQ_KEYS_EMULATE": emulate}  # fmt: skip
     proc = subprocess.run([exe, "-m", str(default_model()), "-f", str(text), "-c", "512", "-b", "512", "--chunks",
                            "3", "-t", "2", "-fa", fa, "-ctk", ctk, "-ctv", ctv, "-lv", "4"],
                           capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
@@ -92,6 +95,24 @@ def test_context_shift_with_transformed_keys(keys: str) -> None:
     assert proc.returncode == 0, log[-3000:]
     assert "context full, swapping" in log, log[-3000:]
     assert len(proc.stdout.split()) > 150, proc.stdout[-1000:]
+
+
+def test_emulated_key_error_scales_with_its_factor(text: Path) -> None:
+    """LLAMA_TQ_KEYS_EMULATE=tq3:a (a measuring hook, bench/results/key_error_scale/): an f16 K cache holds the
+    transformed keys plus a times tq3's own error. Measured on wikitext (-c 512, 3 chunks): f16 15.37, a = 0.5 15.62, a = 1 15.98
+    (real tq3 K with f16 V 16.28 with FA, 16.20 without; the emulation 16.44 without FA)."""
+    f16, _ = perplexity(text, "f16", "f16", "auto")
+    half, log = perplexity(text, "f16", "f16", "auto", emulate="tq3:0.5")
+    full, _ = perplexity(text, "f16", "f16", "auto", emulate="tq3:1")
+    assert "16-bit keys hold k + 0.5 (tq3(k) - k)" in log
+    assert f16 < half < full, (f16, half, full)
+    exe = shutil.which("llama-perplexity")
+    assert exe
+    args = [exe, "-m", str(default_model()), "-f", str(text), "-c", "512", "--chunks", "1", "-ctk", "f16"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLAMA_TQ_KEYS_EMULATE": "tq3:0"})  # fmt: skip
+    want = "LLAMA_TQ_KEYS_EMULATE must be tq3:a or tq4:a with 0 < a <= 4 (got 'tq3:0')"
+    assert proc.returncode != 0 and want in proc.stdout + proc.stderr
 
 
 def test_bad_tq_keys_value_is_a_clear_error(text: Path) -> None:

@@ -34,6 +34,11 @@ OPTIONS = {
     "mean": ("LLAMA_TQ_KEYS", "mean"),  # key-mean centering only
     "eq": ("LLAMA_TQ_KEYS", "eq"),  # channel equalization only
     "matrix": ("LLAMA_TQ_KEYS", "matrix"),  # centering + equalization by a full matrix per KV head (the key basis)
+    # measuring, with an f16 K cache: keys hold k + a (tq3(k) - k), tq3's error scaled by a (bench/key_error_scale)
+    "emu100": ("LLAMA_TQ_KEYS_EMULATE", "tq3:1"),
+    "emu85": ("LLAMA_TQ_KEYS_EMULATE", "tq3:0.85"),
+    "emu70": ("LLAMA_TQ_KEYS_EMULATE", "tq3:0.7"),
+    "emu50": ("LLAMA_TQ_KEYS_EMULATE", "tq3:0.5"),
 }
 
 

@@ -300,15 +300,28 @@ llama_tq_keys::~llama_tq_keys() {
 void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
     const char * env = std::getenv("LLAMA_TQ_KEYS");
     const std::string mode = env != nullptr && *env != '\0' ? env : "auto";
-    const bool tq = llama_tq_is_tq(type_k);
     center = equalize = matrix = false;
     const char * off = std::getenv("LLAMA_TQ_KEYS_TEST_OFFSET");
     test_offset = off != nullptr ? std::strtof(off, nullptr) : 0.0f;
+    emu_alpha = 0.0f;
+    const char * emu = std::getenv("LLAMA_TQ_KEYS_EMULATE");
+    if (emu != nullptr && *emu != '\0' && (type_k == GGML_TYPE_F16 || type_k == GGML_TYPE_F32)) {
+        const std::string e = emu;
+        const size_t colon = e.find(':');
+        const std::string tname = e.substr(0, colon);
+        emu_type = tname == "tq3" ? GGML_TYPE_TQ3 : tname == "tq4" ? GGML_TYPE_TQ4 : GGML_TYPE_COUNT;
+        emu_alpha = colon == std::string::npos ? 0.0f : std::strtof(e.c_str() + colon + 1, nullptr);
+        if (emu_type == GGML_TYPE_COUNT || !(emu_alpha > 0.0f && emu_alpha <= 4.0f)) {
+            throw std::runtime_error("LLAMA_TQ_KEYS_EMULATE must be tq3:a or tq4:a with 0 < a <= 4 (got '" + e + "')");
+        }
+    }
+    const bool tq = llama_tq_is_tq(type_k) || emu_alpha > 0.0f;
     if (mode != "auto" && mode != "0" && mode != "1" && mode != "mean" && mode != "eq" && mode != "matrix") {
         throw std::runtime_error("LLAMA_TQ_KEYS must be auto, 0, 1, mean, eq or matrix (got '" + mode + "')");
     }
     if (!allowed || !tq) {
         test_offset = 0.0f;
+        emu_alpha = 0.0f;
         return;
     }
     if (hp.is_mla() || hp.n_layer() == 0) {
@@ -336,6 +349,10 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
         LLAMA_LOG_WARN("%s: testing: every TQ key gets a common offset of norm %g (LLAMA_TQ_KEYS_TEST_OFFSET)\n",
                        __func__, test_offset);
     }
+    if (emu_alpha > 0.0f) {
+        LLAMA_LOG_WARN("%s: measuring: 16-bit keys hold k + %g (%s(k) - k) (LLAMA_TQ_KEYS_EMULATE)\n", __func__,
+                       emu_alpha, ggml_type_name(emu_type));
+    }
     if (!center && !equalize) {
         return;
     }
@@ -344,7 +361,7 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
 }
 
 void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa) {
-    if (center || equalize || test_offset > 0.0f) {
+    if (center || equalize || test_offset > 0.0f || emu_alpha > 0.0f) {
         layers[il] = layer{il, n_embd_k_gqa, buft, nullptr, {}};
     }
 }
@@ -508,6 +525,11 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     }
     if (equalize) {
         k = L.m != nullptr ? mat_mul_heads(ctx, L, MAT_A, k) : ggml_mul(ctx, k, row(ctx, L, ROW_S));
+    }
+    if (emu_alpha > 0.0f) {  // measuring: k + a (q(k) - k) through the TQ type's own quantize and dequantize
+        k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
+        ggml_tensor * back = ggml_cast(ctx, ggml_cast(ctx, k, emu_type), GGML_TYPE_F32);
+        k = ggml_add(ctx, k, ggml_scale(ctx, ggml_sub(ctx, back, k), emu_alpha));
     }
 }
 

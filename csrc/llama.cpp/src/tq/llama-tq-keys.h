@@ -33,6 +33,9 @@
 // RoPE, before the transforms) on the RoPE pairs where a K bias added before RoPE stays a common offset after it
 // (those that turn by at most 1 rad over the trained context; layers without such pairs get none), as a large
 // K bias would: tests/test_tq_keys.py. A bias on faster pairs rotates with the position: no fixed mu removes it.
+// Measuring: LLAMA_TQ_KEYS_EMULATE=tq3:a with an f16/f32 K cache applies the transforms of TQ keys (as for tq3) and
+// stores k + a (tq3(k) - k): tq3's own error scaled by a, to ask how much smaller a 3-bit key error would have to be
+// (bench/results/key_error_scale/). Not a cache type: the cache holds 16-bit keys.
 #pragma once
 
 #include "ggml-backend.h"
@@ -116,6 +119,8 @@ private:
 
     bool center = false;
     float test_offset = 0.0f;
+    float emu_alpha = 0.0f;                  // LLAMA_TQ_KEYS_EMULATE: the scale of the emulated error (0: off)
+    ggml_type emu_type = GGML_TYPE_COUNT;    // ... of this TQ type
     bool equalize = false;
     bool matrix = false;       // equalization by a full matrix per KV head (the key basis)
     mutable uint32_t basis_span = 0;  // the positions the basis was averaged over (0: not computed yet)
