@@ -99,8 +99,8 @@ def test_context_shift_with_transformed_keys(keys: str) -> None:
 
 def test_emulated_key_error_scales_with_its_factor(text: Path) -> None:
     """LLAMA_TQ_KEYS_EMULATE=tq3:a (a measuring hook, bench/results/key_error_scale/): an f16 K cache holds the
-    transformed keys plus a times tq3's own error. Measured on wikitext (-c 512, 3 chunks): f16 15.37, a = 0.5 15.62, a = 1 15.98
-    (real tq3 K with f16 V 16.28 with FA, 16.20 without; the emulation 16.44 without FA)."""
+    transformed keys plus a times tq3's own error. Measured on wikitext (-c 512, 3 chunks): f16 15.37, a = 0.5
+    15.62, a = 1 15.98 (real tq3 K with f16 V 16.28 with FA, 16.20 without; the emulation 16.44 without FA)."""
     f16, _ = perplexity(text, "f16", "f16", "auto")
     half, log = perplexity(text, "f16", "f16", "auto", emulate="tq3:0.5")
     full, _ = perplexity(text, "f16", "f16", "auto", emulate="tq3:1")
