@@ -96,10 +96,7 @@ def main() -> None:
                 variants[f"tq3 matrix {scale}"] = kb.quantized(k, b["mu"], b["basis, weights"], "tq3")
             kt.tq = LS_TQ
             for name, kk in variants.items():
-                lg = q @ kk.T
-                p = np.exp(lg - lg.max(1, keepdims=True))
-                p /= p.sum(1, keepdims=True)
-                row[f"L{il} {name}"] = float(p[:, pr.needle_token : pr.needle_token + n_tok].sum(1).max())
+                row[f"L{il} {name}"] = kb.needle_mass(q, kk, pr.needle_token, n_tok)
         rows.append(row)
         print(json.dumps(row), flush=True)
     names = [k[3:] for k in rows[0] if k.startswith("L5 ") and k != "L5 exact"]

@@ -103,6 +103,14 @@ def bases(cap: dict[str, np.ndarray], reader: gguf.GGUFReader, il: int, n: int, 
     }
 
 
+def needle_mass(q: np.ndarray, k: np.ndarray, start: int, n_tok: int) -> float:
+    """The attention mass that queries q [H, D] put on keys start .. start + n_tok - 1 of k, the best head's."""
+    lg = q @ k.T
+    p = np.exp(lg - lg.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    return float(p[:, start : start + n_tok].sum(1).max())
+
+
 def shrink(s: np.ndarray, f: float = 0.5) -> np.ndarray:
     """Off-diagonal entries times 1 - f (llama-tq-keys.cpp's shrink_offdiag)."""
     return (1 - f) * s + f * np.diag(np.diag(s))
@@ -199,10 +207,7 @@ def main() -> None:
                     variants[f"tq3, {name}"] = quantized(k, b["mu"], b[name], "tq3")
                 variants["tq4, diag (shipped)"] = quantized(k, b["mu"], b["diag (shipped)"], "tq4")
                 for name, kk in variants.items():
-                    lg = q @ kk.T
-                    p = np.exp(lg - lg.max(1, keepdims=True))
-                    p /= p.sum(1, keepdims=True)
-                    row[f"L{il} {name}"] = float(p[:, pr.needle_token : pr.needle_token + n_tok].sum(1).max())
+                    row[f"L{il} {name}"] = needle_mass(q, kk, pr.needle_token, n_tok)
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
