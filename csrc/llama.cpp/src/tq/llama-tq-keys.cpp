@@ -325,9 +325,14 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
         return;
     }
     if (hp.is_mla() || hp.n_layer() == 0) {
+        emu_alpha = 0.0f;
         return;
     }
     head_dim = hp.n_embd_head_k(0);
+    if (emu_alpha > 0.0f && head_dim % 128 != 0) {  // the emulated type's 128-value blocks
+        throw std::runtime_error("LLAMA_TQ_KEYS_EMULATE needs heads of a multiple of 128 values (head " +
+                                 std::to_string(head_dim) + ")");
+    }
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
@@ -336,6 +341,7 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
         if (hp.n_embd_head_k(il) != head_dim || (hp.has_rope(il) && (int64_t) hp.n_rot(il) != head_dim)) {
             LLAMA_LOG_WARN("%s: key transforms off: layer %u has head %u, RoPE over %u dims\n", __func__, il,
                            hp.n_embd_head_k(il), hp.n_rot(il));
+            emu_alpha = 0.0f;
             return;
         }
     }
