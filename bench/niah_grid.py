@@ -5,7 +5,7 @@ difference of one or two cells is noise, so this pools many grids run on the sam
 a reference type on the same cells (a paired, exact McNemar test: among the cells where the two differ, how likely
 is a split at least this uneven if each were a coin flip). Only PASS counts; PARTIAL_* and FAIL are misses.
 
-    python bench/niah_grid.py DIR [DIR ...] --ref f16/f16 --out bench/results/niah_grid_16k
+    python bench/niah_grid.py DIR [DIR ...] --ref f16/f16 --out out/niah_grid_16k
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     jobs += [
         ([*inc, "-Werror", "all-warnings", "-c", str(ktq3), "-o", str(tmp_path / "ktq3_75.o")], "ktq3 sm_75", "sm_75")
     ]
-    # the in-graph timestamps (tq-stamps.cuh, bench/cuda/stamps_stats.py) of the write's and an FA kernel's unit
+    # the in-graph timestamps (tq-stamps.cuh, lab/cuda/stamps_stats.py) of the write's and an FA kernel's unit
     jobs += [
         (
             [
@@ -140,18 +140,18 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     ("source", "defines"),
     [
         ("tests/cuda/tq_quant_exact.cu", []),
-        ("bench/cuda/fa_decode_bench.cu", []),
-        ("bench/cuda/fa_decode_bench.cu", ["-DTQ_FA_PHASES"]),  # `fa_decode_bench phases` (v14_fa_prologue)
-        ("bench/cuda/carveout_bench.cu", []),
-        ("bench/cuda/param_size_bench.cu", []),
-        ("bench/cuda/tq_convert_bench.cu", []),
-        ("bench/cuda/quant_phases_bench.cu", []),
+        ("lab/cuda/fa_decode_bench.cu", []),
+        ("lab/cuda/fa_decode_bench.cu", ["-DTQ_FA_PHASES"]),  # `fa_decode_bench phases` (v14_fa_prologue)
+        ("lab/cuda/carveout_bench.cu", []),
+        ("lab/cuda/param_size_bench.cu", []),
+        ("lab/cuda/tq_convert_bench.cu", []),
+        ("lab/cuda/quant_phases_bench.cu", []),
     ],
 )
 def test_standalone_gpu_programs_build(source: str, defines: list[str], tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
-    shared-memory carveout and parameter-size probes of bench/results/cuda/v12_rope_fold, the prefill converter's
-    speed probe of v13_convert, the quantizer's phase clock of v23_write)."""
+    shared-memory carveout and parameter-size probes of cuda/v12_rope_fold (lab/archive/cuda.tar.xz), the prefill
+    converter's speed probe of v13_convert, the quantizer's phase clock of v23_write)."""
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],

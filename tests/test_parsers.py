@@ -179,9 +179,9 @@ def test_bench_tables_read_round_files() -> None:
 
 
 def test_kernel_trace_steps_and_busy_time(tmp_path: Path) -> None:
-    """bench/cuda/kernel_trace_stats.py: a graph launch's kernels (one correlation id) are a step; a depth's prefill
+    """lab/cuda/kernel_trace_stats.py: a graph launch's kernels (one correlation id) are a step; a depth's prefill
     kernels (one id each) are not; overlapping kernels (PDL) count once in the busy time."""
-    kt = _script("bench/cuda/kernel_trace_stats.py")
+    kt = _script("lab/cuda/kernel_trace_stats.py")
     lines = [f"{i * 10} {i * 10 + 5} {100 + i} 0 1 1 1 128 _Z7prefillv" for i in range(50)]  # 50 lone kernels
     for step in range(3):  # 3 steps of 12 kernels: 1 us each, 0.5 us apart, the last one overlapping its predecessor
         t = 10_000 + step * 100_000
@@ -197,10 +197,10 @@ def test_kernel_trace_steps_and_busy_time(tmp_path: Path) -> None:
 
 
 def test_step_timeline_splits_a_token_period(tmp_path: Path) -> None:
-    """bench/cuda/step_timeline_stats.py: from one graph launch to the next, the launch call, the launch to the first
+    """lab/cuda/step_timeline_stats.py: from one graph launch to the next, the launch call, the launch to the first
     kernel, the GPU span, the wake-up (GPU done to the end of the waiting call) and the host rest add up to the
     period; API calls and copies are counted per step."""
-    st = _script("bench/cuda/step_timeline_stats.py")
+    st = _script("lab/cuda/step_timeline_stats.py")
     kern, api = [], []
     for step in range(4):  # a step every 100 us: launch 3 us, kernels from +5 us, 12 x 2 us back to back
         t, corr = 1_000_000 + step * 100_000, 50 + 3 * step
@@ -224,9 +224,9 @@ def test_step_timeline_splits_a_token_period(tmp_path: Path) -> None:
 
 
 def test_stamps_line_up_write_and_fa(tmp_path: Path) -> None:
-    """bench/cuda/stamps_stats.py: launch i of the write's file goes with launch i of the FA kernel's, counted from
+    """lab/cuda/stamps_stats.py: launch i of the write's file goes with launch i of the FA kernel's, counted from
     the end; times are µs from the write's entry, by layer; an unset field (0) is left out of the means."""
-    st = _script("bench/cuda/stamps_stats.py")
+    st = _script("lab/cuda/stamps_stats.py")
     wf, ff = tmp_path / "w.txt", tmp_path / "f.txt"
     # 3 write launches (the first one unmatched: a warm-up), 2 FA launches = 1 step of 2 layers
     wf.write_text(

@@ -30,7 +30,7 @@ N, T, WARMUP, WINDOW = 2048, 1536, 1024, 128
 
 def make_dump(work: Path) -> Path:
     """Builds tests/c/dump_qk.cpp against the installed library and runs it into work (also used by
-    bench/triatt_hindsight.py)."""
+    lab/triatt_hindsight.py)."""
     exe = work / "dump_qk"
     lib = llama_tq.lib_dir()
     subprocess.run(["g++", "-std=c++17", "-O2", "-I", str(llama_tq.include_dir()), str(HERE / "c" / "dump_qk.cpp"),

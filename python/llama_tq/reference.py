@@ -89,7 +89,7 @@ def quantize(
     """x: (n, block). Returns (scale (n,), sub-scale indices (n, 4), idx (n, block)).
 
     scale: "ls" (shipped) the least-squares n <y, c> / <c, c>; "ip" n / <y, c>, inner-product preserving
-    (<x_hat, x> = |x|^2, measured and not adopted: bench/results/codec_scale.md); "norm" the plain L2 norm.
+    (<x_hat, x> = |x|^2, measured and not adopted: bench/results/codec_scale/README.md); "norm" the plain L2 norm.
     subscaled=False, scale="norm" is the paper's spec layout."""
     x = np.asarray(x, dtype=np.float64)
     cb = book(bits, block)

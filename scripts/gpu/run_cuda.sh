@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds, tests and benchmarks llama-tq's CUDA kernels on a GPU machine, from what scripts/gpu/pack.sh put in
-# .gpu/. Stages (default: all), each writing its log/results into $RES (default $OUT, else bench/results/cuda):
+# .gpu/. Stages (default: all), each writing its log/results into $RES (default $OUT, else out/cuda: git-ignored; curated tables are copied to bench/results by hand):
 #   build  patched llama.cpp (sm_90 unless CUDA_ARCH is set): test-backend-ops, llama-bench, llama-perplexity
 #   exact  GPU quantizer vs the C codec, byte for byte, on 2^20 random blocks per type, and the prefill converter vs
 #          the GPU dequantizer, bit for bit (tests/cuda)
-#   convert  the prefill converter (TQ -> f16 of a whole cache) against a device copy (bench/cuda/tq_convert_bench.cu)
+#   convert  the prefill converter (TQ -> f16 of a whole cache) against a device copy (lab/cuda/tq_convert_bench.cu)
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
-#   kernel the standalone decode harness (bench/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
+#   kernel the standalone decode harness (lab/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
 #          haystack file, e.g. the one the CPU runs used: the default, pydoc topics, follows the Python version)
@@ -37,7 +37,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
-RES=${RES:-${OUT:-bench/results/cuda}}
+RES=${RES:-${OUT:-out/cuda}}
 W=${WORK:-/root/lt}
 ARCH=${CUDA_ARCH:-90}
 mkdir -p "$RES" "$W"
@@ -75,10 +75,10 @@ stage_exact() {
     "$W/tq_quant_exact" 1048576 | tee "$RES/quant_exact.txt"
 }
 
-stage_convert() { # the prefill converter's speed (bench/cuda/tq_convert_bench.cu); exactness is stage_exact's
+stage_convert() { # the prefill converter's speed (lab/cuda/tq_convert_bench.cu); exactness is stage_exact's
     [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
     nvcc -O3 -std=c++17 -arch=sm_"$ARCH" -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
-        bench/cuda/tq_convert_bench.cu "$W/tq_codec.o" -o "$W/tq_convert_bench" || return 1
+        lab/cuda/tq_convert_bench.cu "$W/tq_codec.o" -o "$W/tq_convert_bench" || return 1
     "$W/tq_convert_bench" | tee "$RES/convert_bench.txt"
 }
 
@@ -104,7 +104,7 @@ stage_perf() {
 stage_kernel() {
     gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
     nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
-        bench/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench" || return 1
+        lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench" || return 1
     local mode=()
     [ -n "${KERNEL_MODE:-}" ] && mode=("$KERNEL_MODE") # "perf": skip the correctness cases
     "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'

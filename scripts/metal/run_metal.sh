@@ -2,7 +2,7 @@
 # Builds, tests and benchmarks llama-tq's Metal kernels on an Apple-silicon Mac (they have never run on Apple
 # hardware before this script: CI checks them on Linux only, see tests/test_metal_compat.py). Run it from a
 # checkout with llama-tq's Python dependencies installed (`pip install ".[test]"` or at least numpy + gguf), then
-# commit what it writes under $RES (default bench/results/metal/<date>).
+# commit what it writes under $RES (default out/metal/<date>, git-ignored).
 # Stages (default: all), each writing its log into $RES:
 #   build  the pinned llama.cpp with the series applied, Metal on: test-backend-ops, llama-bench, llama-perplexity
 #   cpu    the CPU emulation of the Metal kernels (tests/metal/test_tq_metal.cpp), as CI runs it
@@ -15,7 +15,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
-RES=${RES:-bench/results/metal/$(date +%Y-%m-%d)}
+RES=${RES:-out/metal/$(date +%Y-%m-%d)}
 W=${WORK:-$root/build/metal-work}
 mkdir -p "$RES" "$W"
 bin="$W/build/bin"

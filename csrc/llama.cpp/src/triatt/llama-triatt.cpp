@@ -619,7 +619,7 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     const size_t n = todo.size();
     // >= 64 cells a thread for f16/f32 keys, >= 32 for quantized ones (~3x the decode), and at most half the context's
     // threads: measured on a 16-core GPU host, 16 fold threads were slower than 8 (they share the cores with ggml's
-    // own threads; bench/results/cuda/evict/fold_mu_host/)
+    // own threads; lab/archive/cuda.tar.xz (cuda/evict/fold_mu_host))
     const bool quantized =
         std::any_of(g.lr.begin(), g.lr.end(), [](const auto & L) { return ggml_is_quantized(L.type); });
     const size_t max_thr = std::max<size_t>(1, (size_t) n_threads / 2);

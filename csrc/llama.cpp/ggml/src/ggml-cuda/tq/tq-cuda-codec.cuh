@@ -18,7 +18,7 @@
 
 #include "tq_codec.h"
 
-// Phase hooks of the 128-value quantizer (bench/cuda/quant_phases_bench.cu defines them to take clock stamps).
+// Phase hooks of the 128-value quantizer (lab/cuda/quant_phases_bench.cu defines them to take clock stamps).
 #ifndef TQ_QPHASE
 #define TQ_QPHASE(k)
 #endif

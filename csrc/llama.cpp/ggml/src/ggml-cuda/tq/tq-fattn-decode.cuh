@@ -1,5 +1,5 @@
 // FLASH_ATTN_EXT decode (a few query rows) with K and/or V stored as TQ3/TQ4, read straight from the cache: the
-// device code, free of ggml so that bench/cuda/fa_decode_bench.cu builds it standalone. SIMT kernel (any pair
+// device code, free of ggml so that lab/cuda/fa_decode_bench.cu builds it standalone. SIMT kernel (any pair
 // with a TQ side) and the merge; the tensor-core kernel for TQ K with TQ V is tq-fattn-mma.cuh.
 //
 // Split-K ("flash decoding"): a CUDA block owns one KV head of one sequence, all of its GQA query heads (and up

@@ -199,7 +199,7 @@ static __device__ __forceinline__ void tq_mma_single_pass_fac(const tq_fa_params
     }
 }
 
-#ifdef TQ_FA_PHASES // bench/cuda/fa_decode_bench.cu `phases`: thread 0's clock at the kernel's barriers, per block
+#ifdef TQ_FA_PHASES // lab/cuda/fa_decode_bench.cu `phases`: thread 0's clock at the kernel's barriers, per block
 __device__ long long tq_fa_phase_clk[64][8];
 #define TQ_FA_PHASE(i)                                                                                  \
     do {                                                                                                \

@@ -3,7 +3,7 @@
 // timer, so a write and the FA kernel that waits for it (PDL) line up: which FA phase runs long, and when its wait
 // for the write returns. Each translation unit keeps its own ring of launches (one slot a launch: blocks read the
 // slot at entry, the last block to leave moves to the next one) and writes it at exit to
-// $TQ_STAMPS_OUT.<unit>.<pid> (one line a launch); bench/cuda/stamps_stats.py lines up the write and FA files.
+// $TQ_STAMPS_OUT.<unit>.<pid> (one line a launch); lab/cuda/stamps_stats.py lines up the write and FA files.
 #pragma once
 
 #ifdef TQ_STAMPS

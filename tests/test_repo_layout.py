@@ -1,0 +1,47 @@
+"""The repository stays a product: small tracked files, a curated bench/results, a user's README, and every archive
+that a results page cites present in lab/archive/."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_FILE_BYTES = 1 << 20
+MAX_RESULTS_FILES = 60
+MAX_README_LINES = 200
+
+
+def tracked() -> list[str]:
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [p for p in out.decode().split("\0") if p and (REPO / p).is_file()]
+
+
+def test_no_tracked_file_over_1_mib() -> None:
+    big = [(p, (REPO / p).stat().st_size) for p in tracked() if (REPO / p).stat().st_size > MAX_FILE_BYTES]
+    assert not big, f"tracked files over 1 MiB (archive raw data compressed under lab/archive/): {big}"
+
+
+def test_bench_results_is_curated() -> None:
+    files = [p for p in tracked() if p.startswith("bench/results/")]
+    assert len(files) <= MAX_RESULTS_FILES, f"{len(files)} files under bench/results (at most {MAX_RESULTS_FILES})"
+
+
+def test_readme_is_a_manual() -> None:
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}; the rest goes to docs/)"
+
+
+def test_cited_archives_exist() -> None:
+    pages = [p for p in tracked() if p.endswith(".md")]
+    cited = {m for p in pages for m in re.findall(r"lab/archive/[\w.-]+\.tar\.xz", (REPO / p).read_text())}
+    assert cited, "no page cites an archive"
+    missing = sorted(c for c in cited if not (REPO / c).is_file())
+    assert not missing, f"cited but absent: {missing}"
