@@ -14,7 +14,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 WIKI=${1:-$root/../shared/data/wikitext-2-raw/wiki.test.raw}
 OUT=${OUT:-out/niah_eviction}
-declare -A hybrid=([v1]=0 [v2]=1 [v3]=2 [streaming]=3 [random]=4)
 for ctx in ${CTXS:-8192}; do
     for set in ${SETS:-A B}; do
         needle=()
@@ -23,7 +22,7 @@ for ctx in ${CTXS:-8192}; do
             extra="-b 512"
             if [[ $pol != none ]]; then
                 name=${pol%@*} pct=${pol#*@}
-                extra+=" --triatt-budget $((ctx * pct / 100)) --triatt-hybrid ${hybrid[$name]} --triatt-warmup 1024"
+                extra+=" --triatt-budget $((ctx * pct / 100)) --triatt-policy $name --triatt-warmup 1024"
                 extra+=" ${EXTRA:-}"
             fi
             echo "== ctx $ctx set $set policy $pol: $extra"

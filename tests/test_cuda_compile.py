@@ -2,7 +2,7 @@
 
 Compiled for sm_90 with ggml-cuda's own flags (-use_fast_math -extended-lambda), from the base with the whole
 series applied: every csrc/llama.cpp/ggml/src/ggml-cuda/tq/*.cu as installed in ggml/src/ggml-cuda/tq/ (warnings
-are errors; the write's and the tq4 FA unit also with -DTQ_STAMPS), the patched
+are errors; the write's and the tq4 FA unit also with lab's timestamp patch), the patched
 upstream convert.cu and ggml-cuda.cu, and the standalone exactness test tests/cuda/tq_quant_exact.cu, linked
 against the C codec. fattn.cu is left out: it needs the per-type-pair defines that ggml-cuda's CMake generates.
 ggml-cuda's headers include cuBLAS's, which the CUDA compiler package here lacks: the headers are taken from
@@ -78,6 +78,16 @@ def patched(base_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dst
 
 
+def lab_patched(root: Path, name: str, dst: Path, strip: int) -> Path:
+    """A copy of root (the repository, strip=1, or a patched tree, strip=4) with lab/patches/<name>.patch applied."""
+    shutil.copytree(root, dst, symlinks=False, ignore=shutil.ignore_patterns(".git", "build", ".venv", "models"))
+    patch = REPO / "lab" / "patches" / f"{name}.patch"
+    proc = subprocess.run(["patch", f"-p{strip}", "--forward", "-d", str(dst), "-i", str(patch)], capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode == 0, f"{patch.name} no longer applies: {proc.stdout[-1500:]}{proc.stderr[-500:]}"
+    return dst
+
+
 def nvcc(args: list[str], cwd: Path, arch: str = "sm_90") -> subprocess.CompletedProcess[str]:
     assert NVCC is not None
     return subprocess.run([NVCC, *FLAGS, f"-arch={arch}", *args], cwd=cwd, capture_output=True, text=True)
@@ -108,24 +118,15 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     jobs += [
         ([*inc, "-Werror", "all-warnings", "-c", str(ktq3), "-o", str(tmp_path / "ktq3_75.o")], "ktq3 sm_75", "sm_75")
     ]
-    # the in-graph timestamps (tq-stamps.cuh, lab/cuda/stamps_stats.py) of the write's and an FA kernel's unit
+    # the measuring patches of lab/patches/ still apply and build: the in-graph timestamps (cuda-stamps,
+    # lab/cuda/stamps_stats.py) of the write's and an FA kernel's unit
+    stamped = lab_patched(patched, "cuda-stamps", tmp_path / "stamps", strip=4)
+    sinc = [i.replace(str(patched), str(stamped)) for i in inc]
     jobs += [
-        (
-            [
-                *inc,
-                "-DTQ_STAMPS",
-                "-Werror",
-                "all-warnings",
-                "-c",
-                str(cuda / "tq" / f"{n}.cu"),
-                "-o",
-                str(tmp_path / f"{n}_st.o"),
-            ],
-            f"{n} TQ_STAMPS",
-            "sm_90",
-        )
+        ([*sinc, "-DTQ_STAMPS", "-Werror", "all-warnings", "-c", str(stamped / "ggml/src/ggml-cuda/tq" / f"{n}.cu"),
+          "-o", str(tmp_path / f"{n}_st.o")], f"{n} TQ_STAMPS", "sm_90")
         for n in ("ggml-tq-cuda", "tq-fattn-ktq4")
-    ]
+    ]  # fmt: skip
     jobs += [
         ([*inc, "-c", str(cuda / f"{n}.cu"), "-o", str(tmp_path / f"{n}.o")], f"{n}.cu (patched)", "sm_90")
         for n in ("convert", "ggml-cuda")
@@ -137,21 +138,26 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("source", "defines"),
+    ("source", "defines", "lab_patch"),
     [
-        ("tests/cuda/tq_quant_exact.cu", []),
-        ("lab/cuda/fa_decode_bench.cu", []),
-        ("lab/cuda/fa_decode_bench.cu", ["-DTQ_FA_PHASES"]),  # `fa_decode_bench phases` (v14_fa_prologue)
-        ("lab/cuda/carveout_bench.cu", []),
-        ("lab/cuda/param_size_bench.cu", []),
-        ("lab/cuda/tq_convert_bench.cu", []),
-        ("lab/cuda/quant_phases_bench.cu", []),
+        ("tests/cuda/tq_quant_exact.cu", [], ""),
+        ("lab/cuda/fa_decode_bench.cu", [], ""),
+        ("lab/cuda/fa_decode_bench.cu", ["-DTQ_FA_PHASES"], "cuda-phases"),  # `phases` (v14_fa_prologue)
+        ("lab/cuda/carveout_bench.cu", [], ""),
+        ("lab/cuda/param_size_bench.cu", [], ""),
+        ("lab/cuda/tq_convert_bench.cu", [], ""),
+        ("lab/cuda/quant_phases_bench.cu", [], "cuda-phases"),
     ],
 )
-def test_standalone_gpu_programs_build(source: str, defines: list[str], tmp_path: Path) -> None:
+def test_standalone_gpu_programs_build(source: str, defines: list[str], lab_patch: str, tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
     shared-memory carveout and parameter-size probes of cuda/v12_rope_fold (lab/archive/cuda.tar.xz), the prefill
     converter's speed probe of v13_convert, the quantizer's phase clock of v23_write)."""
+    src = REPO
+    if lab_patch:  # a measuring build: csrc/ with a patch of lab/patches/ applied
+        src = tmp_path / "repo"
+        src.mkdir()
+        lab_patched(REPO / "csrc", lab_patch, src / "csrc", strip=2)
     codec = tmp_path / "tq_codec.o"
     subprocess.run(
         ["gcc", "-O2", "-std=c11", "-ffp-contract=off", "-c", str(REPO / "csrc/codec/tq_codec.c"), "-o", str(codec)],
@@ -159,7 +165,7 @@ def test_standalone_gpu_programs_build(source: str, defines: list[str], tmp_path
     )
     exe = tmp_path / Path(source).stem
     proc = nvcc(
-        ["-std=c++17", *defines, "-I" + str(REPO / "csrc/codec"), "-I" + str(REPO / CUDA_SRC), str(REPO / source),
+        ["-std=c++17", *defines, "-I" + str(src / "csrc/codec"), "-I" + str(src / CUDA_SRC), str(REPO / source),
          str(codec), "-o", str(exe)],
         tmp_path,
     )  # fmt: skip

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_tq.binding import install_llama_cpp_python
 from llama_tq.models import default_model
 from llama_tq.synth import write_synth_model
+from llama_tq.tooling.binding_install import install_llama_cpp_python
 
 pytestmark = pytest.mark.e2e
 
@@ -29,12 +29,15 @@ SCRIPT = textwrap.dedent(
     import sys, llama_tq
     llama_cpp = llama_tq.llama_cpp()
     model, tk, tv = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    llm = llama_cpp.Llama(model, n_ctx=512, type_k=tk, type_v=tv, flash_attn=True, verbose=False, n_threads=2)
+    # logits_all: llama-cpp-python keeps no logits in `scores` without it (they would all read 0)
+    llm = llama_cpp.Llama(model, n_ctx=512, type_k=tk, type_v=tv, flash_attn=True, verbose=False, n_threads=2,
+                          logits_all=True)
     llm.eval(llm.tokenize(b"The capital of France is Paris. The capital of Germany is"))
     s1 = llm.save_state()
     nxt = llm.tokenize(b" Berlin", add_bos=False)
     llm.eval(nxt)
     before = llm.scores[llm.n_tokens - 1].copy()
+    assert abs(before).max() > 0
     llm.reset()
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)  # really empty the cache
     llm.load_state(s1)
@@ -86,8 +89,11 @@ SEQ_SAVED = textwrap.dedent(
     import ctypes, sys, llama_tq
     llama_cpp = llama_tq.llama_cpp()
     def make(n_ctx=512):
-        return llama_cpp.Llama(sys.argv[1], n_ctx=n_ctx, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
-                               flash_attn=True, verbose=False, n_threads=2)
+        llm = llama_cpp.Llama(sys.argv[1], n_ctx=n_ctx, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
+                              flash_attn=True, verbose=False, n_threads=2, logits_all=True)
+        if len(sys.argv) > 2:  # the key transforms to use
+            llama_tq.tq_configure(llm, keys=sys.argv[2])
+        return llm
     a = make()
     p1 = a.tokenize(b"The capital of France is Paris. The capital of Germany is")
     a.eval(p1)
@@ -97,6 +103,7 @@ SEQ_SAVED = textwrap.dedent(
     nxt = a.tokenize(b" Berlin", add_bos=False)
     a.eval(nxt)
     want = a.scores[a.n_tokens - 1].copy()
+    assert abs(want).max() > 0
     def restore(other):  # sequence 0 of a into other, then the same token
         ok = llama_cpp.llama_state_seq_set_data(other.ctx, buf, size, 0)
         other.n_tokens = len(p1)
@@ -139,12 +146,11 @@ BASIS_SCRIPT = SEQ_SAVED + textwrap.dedent(
 
 
 def test_key_basis_state_restores_into_any_context_size(binding: None) -> None:
-    """LLAMA_TQ_KEYS=matrix: the key basis follows from the model and the context size, so the state stores the
-    size; a restore into a context of the same size sees exactly the saved keys, one into another size computes the
-    saved size's basis (the same keys, up to the other cache's padding of the attention sums)."""
-    env = {**os.environ, "LLAMA_TQ_KEYS": "matrix"}
-    proc = subprocess.run([sys.executable, "-c", BASIS_SCRIPT, str(default_model())], capture_output=True, text=True,
-                          timeout=600, env=env)  # fmt: skip
+    """tq_configure(llm, keys="matrix"): the key basis follows from the model and the context size, so the state
+    stores the size; a restore into a context of the same size sees exactly the saved keys, one into another size
+    computes the saved size's basis (the same keys, up to the other cache's padding of the attention sums)."""
+    proc = subprocess.run([sys.executable, "-c", BASIS_SCRIPT, str(default_model()), "matrix"], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BASIS")), None)
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
     ok_b, diff_b, top_b, ok_c, diff_c, top_c = line.split()[1:]
@@ -167,8 +173,18 @@ TRIATT_SCRIPT = textwrap.dedent(
         llama_tq.triatt_configure(llm, budget=600, pool_spans=-1)  # the struct's last field reaches the library
     except ValueError as e:
         print("ERROR", e)
+    for bad in ({"budget": 2**32}, {"budget": 600, "policy": "v9"}, {"budget": 600, "pool_top": 2}):
+        try:
+            llama_tq.triatt_configure(llm, **bad)
+        except ValueError as e:
+            print("ERROR", e)
+    for call in (lambda: llama_tq.triatt_configure(None, budget=1000), lambda: llama_tq.triatt_stats(None)):
+        try:
+            call()
+        except ValueError as e:
+            print("ERROR", e)
     print("DEFAULTS", *sorted(llama_tq.triatt_default_params().items()))
-    llama_tq.triatt_configure(llm, budget=600, warmup=256)
+    llama_tq.triatt_configure(llm, budget=600, warmup=256, policy="v3")
     text = open(sys.argv[2]).read()
     llm.eval(llm.tokenize(text.encode())[:1400])
     print("STATS", *llama_tq.triatt_stats(llm))
@@ -189,9 +205,14 @@ def test_triatt_from_python(binding: None, tmp_path) -> None:  # type: ignore[no
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ERROR --triatt-budget 200 must exceed the protected cells" in proc.stdout
     assert "ERROR --triatt-pool-spans must not be negative (got -1)" in proc.stdout
+    assert "ERROR TriAttention setting budget must be a 32-bit integer (got 4294967296)" in proc.stdout
+    assert "ERROR policy must be one of v1, v2, v3, streaming, random (got 'v9')" in proc.stdout
+    assert "ERROR unknown TriAttention setting 'pool_top'" in proc.stdout
+    assert proc.stdout.count("ERROR expected a llama_cpp.Llama or a llama_context pointer, got None") == 2
     defaults = next(ln for ln in proc.stdout.splitlines() if ln.startswith("DEFAULTS"))
-    for field in ("('budget', 0)", "('pool', 8)", "('pool_top', 0)", "('pool_spans', 96)", "('window', 128)"):
+    for field in ("('budget', 0)", "('pool', 8)", "('pool_spans', 96)", "('window', 128)", "('hybrid', 2)"):
         assert field in defaults, defaults
+    assert "pool_top" not in defaults, defaults
     stats = next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS")).split()
     rounds, evicted = int(stats[1]), int(stats[2])
     assert rounds >= 1 and evicted >= 1400 - 600 - 128 * rounds, proc.stdout
@@ -233,3 +254,45 @@ def test_triatt_reads_each_key_once(binding: None, tmp_path) -> None:  # type: i
     # later: only new keys, the 200 tokens' and the last ubatch's before them (read after the next ubatch)
     assert r2 > r1 and 0 < f2 - f1 <= 200 + 64, proc.stdout
     assert r3 > r2 and f3 - f2 >= 600, proc.stdout  # after the state read: every kept key again
+
+
+TQ_SCRIPT = textwrap.dedent(
+    """
+    import sys, llama_tq
+    llama_cpp = llama_tq.llama_cpp()
+    llm = llama_cpp.Llama(sys.argv[1], n_ctx=512, type_k=llama_tq.GGML_TYPE_TQ3, type_v=llama_tq.GGML_TYPE_TQ3,
+                          flash_attn=True, verbose=False, n_threads=2, logits_all=True)
+    tokens = llm.tokenize(b"The capital of France is Paris. The capital of Germany is")
+    def last_logits():
+        llm.reset()
+        llm.eval(tokens)
+        return llm.scores[llm.n_tokens - 1].copy()
+    auto = last_logits()
+    assert abs(auto).max() > 0
+    for keys in ("0", "auto"):
+        llama_tq.tq_configure(llm, keys=keys)
+        print("KEYS", keys, bool((last_logits() == auto).all()))
+    for bad in ({"keys": "sometimes"}, {"attn_rot": "x"}):
+        try:
+            llama_tq.tq_configure(llm, **bad)
+        except ValueError as e:
+            print("ERROR", e)
+    try:
+        llama_tq.tq_configure(object())
+    except ValueError as e:
+        print("ERROR", e)
+    """
+)
+
+
+def test_tq_configure_from_python(binding: None) -> None:
+    """tq_configure: the TQ cache options reach the context (llama_init_from_model_tq) without any environment:
+    tq3 keys without the key transforms give other logits than with them, and the defaults give them back; bad
+    values raise with llama.cpp's message."""
+    proc = subprocess.run([sys.executable, "-c", TQ_SCRIPT, str(default_model())], capture_output=True, text=True,
+                          timeout=600, env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "KEYS 0 False" in proc.stdout and "KEYS auto True" in proc.stdout, proc.stdout
+    assert "ERROR --tq-keys must be auto, 1, 0, mean, eq or matrix (got 'sometimes')" in proc.stdout
+    assert "ERROR --tq-attn-rot must be auto, 0, 1, k or v (got 'x')" in proc.stdout
+    assert "ERROR tq_configure needs a llama_cpp.Llama, got object" in proc.stdout

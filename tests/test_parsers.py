@@ -44,8 +44,14 @@ def test_kv_config_parsing() -> None:
     assert (c.k, c.v, c.bits) == ("q8_0", "tq3", pytest.approx((8.5 + 3.25) / 2))
     assert KvConfig.parse("tq4").name == "tq4/tq4"
     rot = KvConfig.parse("tq4/tq4@rot")
-    assert rot.env == (("LLAMA_TQ_ATTN_ROT", "1"),) and rot.name == "tq4/tq4@rot"
-    assert KvConfig.parse("tq3/tq3@rotk").env == (("LLAMA_TQ_ATTN_ROT", "k"),)
+    assert rot.flags == ["-ctk", "tq4", "-ctv", "tq4", "--tq-attn-rot", "1"] and rot.name == "tq4/tq4@rot"
+    assert rot.env == ()
+    both = KvConfig.parse("tq3/tq3@rotk+nokeys")
+    assert both.flags[4:] == ["--tq-attn-rot", "k", "--tq-keys", "0"] and both.name == "tq3/tq3@rotk+nokeys"
+    norot = KvConfig.parse("q4_0@norot")  # upstream's own switch is an environment variable
+    assert norot.env == (("LLAMA_ATTN_ROT_DISABLE", "1"),) and norot.flags == ["-ctk", "q4_0", "-ctv", "q4_0"]
+    with pytest.raises(ValueError, match="unknown option '@emu85'"):
+        KvConfig.parse("f16@emu85")
     with pytest.raises(ValueError, match="unknown cache type 'tq5'"):
         KvConfig.parse("tq5/tq3")
     with pytest.raises(ValueError, match="unknown option"):
@@ -101,16 +107,17 @@ def test_seen_fraction_from_round_lines() -> None:
 
 
 def test_eviction_configs_name_every_run() -> None:
-    cfgs = evict.configs([KvConfig.parse("q8_0/tq3")], 2048, (25, 50), {"V3": {"HYBRID": 2}, "random": {"HYBRID": 4}},
-                         256, 64)  # fmt: skip
+    cfgs = evict.configs([KvConfig.parse("q8_0/tq3")], 2048, (25, 50),
+                         {"V3": {"policy": "v3"}, "random": {"policy": "random"}}, 256, 64)  # fmt: skip
     assert [c.name for c in cfgs] == ["q8_0/tq3", "q8_0/tq3 V3 25%", "q8_0/tq3 random 25%", "q8_0/tq3 V3 50%",
                                       "q8_0/tq3 random 50%"]  # fmt: skip
-    assert dict(cfgs[2].env) == {"TRIATT_BUDGET": "512", "TRIATT_HYBRID": "4", "TRIATT_WARMUP": "256",
-                                 "TRIATT_DIVIDE": "64"}  # fmt: skip
-    assert cfgs[2].slug == "q8_0_tq3_random_25pct"
+    assert cfgs[2].flags == ["-ctk", "q8_0", "-ctv", "tq3", "--triatt-budget", "512", "--triatt-policy", "random",
+                             "--triatt-warmup", "256", "--triatt-divide", "64"]  # fmt: skip
+    assert cfgs[2].slug == "q8_0_tq3_random_25pct" and cfgs[2].env == ()
     (nopool,) = evict.configs([KvConfig.parse("f16/f16")], 1024, (50,), {"V3-nopool": evict.POLICIES["V3-nopool"]},
                               256, 64)[1:]  # fmt: skip
-    assert dict(nopool.env)["TRIATT_POOL"] == "0" and dict(nopool.env)["TRIATT_HYBRID"] == "2"
+    flags = dict(zip(nopool.args[::2], nopool.args[1::2], strict=True))
+    assert flags["--triatt-pool"] == "0" and flags["--triatt-policy"] == "v3" and flags["--triatt-budget"] == "512"
 
 
 def test_fa_bandwidth_bytes_and_fraction() -> None:

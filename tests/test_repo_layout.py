@@ -45,3 +45,25 @@ def test_cited_archives_exist() -> None:
     assert cited, "no page cites an archive"
     missing = sorted(c for c in cited if not (REPO / c).is_file())
     assert not missing, f"cited but absent: {missing}"
+
+
+def test_libraries_read_no_environment_but_switches() -> None:
+    """Options are parameters (include/llama-tq.h): the only getenv in csrc/ is tq_env.h's, for the documented
+    *_DISABLE switches it lists."""
+    readers = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "csrc").rglob("*")
+        if p.is_file() and p.suffix in {".c", ".h", ".cpp", ".cu", ".cuh", ".metal", ".m"} and "getenv" in p.read_text()
+    )
+    assert readers == ["csrc/codec/tq_env.h"], readers
+    switches = re.findall(r'"(LLAMA_TQ_\w+)"', (REPO / "csrc/codec/tq_env.h").read_text())
+    assert switches and all(s.endswith(("_DISABLE", "_DEBUG")) for s in switches), switches
+
+
+@pytest.mark.parametrize("patch", sorted(p.name for p in (REPO / "lab" / "patches").glob("*.patch")))
+def test_lab_patches_still_apply(patch: str) -> None:
+    """The measuring hooks live in lab/patches/, outside the shipped libraries; they must keep applying."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    proc = subprocess.run(["git", "apply", "--check", f"lab/patches/{patch}"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -8,8 +8,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 
 from llama_tq.harness.demo import default_text
@@ -25,16 +23,12 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def perplexity(
-    text: Path, ctk: str, ctv: str, keys: str, fa: str = "on", offset: float = 0.0, emulate: str = ""
-) -> tuple[float, str]:
+def perplexity(text: Path, ctk: str, ctv: str, keys: str, fa: str = "on") -> tuple[float, str]:
     exe = shutil.which("llama-perplexity")
     assert exe
-    env = {**os.environ, "LLAMA_TQ_KEYS": keys, "LLAMA_TQ_KEYS_TEST_OFFSET": str(offset),
-           "LLAMA_TQ_KEYS_EMULATE": emulate}  # fmt: skip
     proc = subprocess.run([exe, "-m", str(default_model()), "-f", str(text), "-c", "512", "-b", "512", "--chunks",
-                           "3", "-t", "2", "-fa", fa, "-ctk", ctk, "-ctv", ctv, "-lv", "4"],
-                          capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+                           "3", "-t", "2", "-fa", fa, "-ctk", ctk, "-ctv", ctv, "-lv", "4", "--tq-keys", keys],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
@@ -66,7 +60,7 @@ def test_each_transform_helps_alone(text: Path) -> None:
 
 
 def test_key_basis_from_the_weights_beats_diagonal_scales(text: Path) -> None:
-    """LLAMA_TQ_KEYS=matrix: equalization by a full matrix per KV head, from the weights and the run's context.
+    """--tq-keys matrix: equalization by a full matrix per KV head, from the weights and the run's context.
     Measured on these 3 chunks: f16 13.03, tq3/tq3 14.39 with the diagonal scales, 13.55 with the basis (the
     quantization's share of the PPL 1.36 -> 0.52); exact transforms, so only the quantization error moves. The
     basis of the sliding-window cache is averaged over the full context too (its owner tells it), once."""
@@ -89,55 +83,26 @@ def test_context_shift_with_transformed_keys(keys: str) -> None:
     assert exe
     proc = subprocess.run([exe, "-m", str(default_model()), "-c", "256", "-n", "300", "--context-shift", "-no-cnv",
                            "--temp", "0", "-t", "2", "-fa", "on", "-ctk", "tq3", "-ctv", "tq3", "-lv", "5",
-                           "-p", "The history of the Roman Empire"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "LLAMA_TQ_KEYS": keys})  # fmt: skip
+                           "-p", "The history of the Roman Empire", "--tq-keys", keys], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     assert "context full, swapping" in log, log[-3000:]
     assert len(proc.stdout.split()) > 150, proc.stdout[-1000:]
 
 
-def test_emulated_key_error_scales_with_its_factor(text: Path) -> None:
-    """LLAMA_TQ_KEYS_EMULATE=tq3:a (a measuring hook, bench/results/key_error_scale/): an f16 K cache holds the
-    transformed keys plus a times tq3's own error. Measured on wikitext (-c 512, 3 chunks): f16 15.37, a = 0.5
-    15.62, a = 1 15.98 (real tq3 K with f16 V 16.28 with FA, 16.20 without; the emulation 16.44 without FA)."""
-    f16, _ = perplexity(text, "f16", "f16", "auto")
-    half, log = perplexity(text, "f16", "f16", "auto", emulate="tq3:0.5")
-    full, _ = perplexity(text, "f16", "f16", "auto", emulate="tq3:1")
-    assert "16-bit keys hold k + 0.5 (tq3(k) - k)" in log
-    assert f16 < half < full, (f16, half, full)
-    exe = shutil.which("llama-perplexity")
-    assert exe
-    args = [exe, "-m", str(default_model()), "-f", str(text), "-c", "512", "--chunks", "1", "-ctk", "f16"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LLAMA_TQ_KEYS_EMULATE": "tq3:0"})  # fmt: skip
-    want = "LLAMA_TQ_KEYS_EMULATE must be tq3:a or tq4:a with 0 < a <= 4 (got 'tq3:0')"
-    assert proc.returncode != 0 and want in proc.stdout + proc.stderr
-
-
 def test_bad_tq_keys_value_is_a_clear_error(text: Path) -> None:
+    """A bad value, by flag or by its variable (LLAMA_ARG_TQ_KEYS, as upstream names them), stops before any work;
+    libllama itself reads no environment for it (LLAMA_TQ_KEYS, the old alias, changes nothing)."""
     exe = shutil.which("llama-perplexity")
     assert exe
     args = [exe, "-m", str(default_model()), "-f", str(text), "-c", "512", "--chunks", "1", "-ctk", "tq3"]
+    want = "--tq-keys must be auto, 1, 0, mean, eq or matrix (got '{}')"
     proc = subprocess.run([*args, "--tq-keys", "sometimes"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "--tq-keys must be auto, 0, 1, mean, eq or matrix" in proc.stdout + proc.stderr
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "LLAMA_TQ_KEYS": "x"})
-    want = "LLAMA_TQ_KEYS must be auto, 0, 1, mean, eq or matrix (got 'x')"
-    assert proc.returncode != 0 and want in proc.stdout + proc.stderr
-
-
-def test_common_key_offset_costs_nothing(text: Path) -> None:
-    """A common offset of ~10x the mean key norm added to every key (after RoPE, on the pairs where a K bias added
-    before RoPE stays put; injected by LLAMA_TQ_KEYS_TEST_OFFSET): measured here PPL 14.33 -> 14.72 with the
-    transforms (what remains is the mean's shrinkage, 16/528 of the offset), 20.96 -> 78.97 without. Gemma's keys are
-    RMS-normalized per head and then scaled by the attn_k_norm gains g, so |k| ~ ||g||."""
-    reader = gguf.GGUFReader(str(default_model()))
-    gains = [np.asarray(t.data, dtype=np.float64) for t in reader.tensors if t.name.endswith("attn_k_norm.weight")]
-    offset = 10 * float(np.mean([np.linalg.norm(g) for g in gains]))
-    f16, _ = perplexity(text, "f16", "f16", "auto")
-    on, _ = perplexity(text, "tq3", "tq3", "auto")
-    on_off, log = perplexity(text, "tq3", "tq3", "auto", offset=offset)
-    assert "every TQ key gets a common offset" in log
-    raw_off, _ = perplexity(text, "tq3", "tq3", "0", offset=offset)
-    assert raw_off > 2 * on_off, (raw_off, on_off)  # the offset is large enough to break uncentered keys
-    assert on_off - f16 <= 1.5 * (on - f16), (f16, on, on_off)  # the issue's bound on the error's growth
+    assert proc.returncode != 0 and want.format("sometimes") in proc.stdout + proc.stderr
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLAMA_ARG_TQ_KEYS": "x"})  # fmt: skip
+    assert proc.returncode != 0 and want.format("x") in proc.stdout + proc.stderr
+    proc = subprocess.run([*args, "-lv", "4"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLAMA_TQ_KEYS": "0"})  # fmt: skip
+    assert proc.returncode == 0 and "centering on, equalization on" in proc.stdout + proc.stderr

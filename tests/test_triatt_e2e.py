@@ -74,15 +74,16 @@ def test_default_verbosity_shows_a_summary(text: Path) -> None:
 
 
 def test_env_fallback_and_flag_wins(text: Path) -> None:
-    """LLAMA_ARG_TRIATT_* as upstream names its variables; TRIATT_* are documented aliases (LLAMA_ARG_ wins)."""
-    proc = perplexity(text, env={"LLAMA_ARG_TRIATT_BUDGET": "700", "LLAMA_ARG_TRIATT_HYBRID": "0"})
+    """LLAMA_ARG_TRIATT_* as upstream names its variables (the flag wins); the old TRIATT_* aliases are gone;
+    --triatt-policy takes names, and --triatt-hybrid stays one release as its integer alias."""
+    proc = perplexity(text, env={"LLAMA_ARG_TRIATT_BUDGET": "700", "LLAMA_ARG_TRIATT_POLICY": "v1"})
     assert proc.returncode == 0 and "budget=700 policy=V1" in proc.stderr, proc.stderr[-2000:]
-    proc = perplexity(text, env={"TRIATT_BUDGET": "700", "TRIATT_HYBRID": "0"})
-    assert proc.returncode == 0 and "budget=700 policy=V1" in proc.stderr, proc.stderr[-2000:]
-    proc = perplexity(text, env={"TRIATT_BUDGET": "700", "LLAMA_ARG_TRIATT_BUDGET": "800"})
+    proc = perplexity(text, "--triatt-budget", "800", env={"LLAMA_ARG_TRIATT_BUDGET": "700"})
     assert proc.returncode == 0 and "budget=800 policy=V3" in proc.stderr, proc.stderr[-2000:]
-    proc = perplexity(text, "--triatt-budget", "0", env={"TRIATT_BUDGET": "700"})
-    assert proc.returncode == 0 and "triatt: evict:" not in proc.stderr
+    proc = perplexity(text, "--triatt-budget", "700", "--triatt-hybrid", "3")
+    assert proc.returncode == 0 and "budget=700 policy=StreamingLLM" in proc.stderr, proc.stderr[-2000:]
+    proc = perplexity(text, env={"TRIATT_BUDGET": "700"})
+    assert proc.returncode == 0 and "triatt:" not in proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def v3_pooled(text: Path) -> subprocess.CompletedProcess[str]:
 
 def test_pool_reaches_the_engine(text: Path, v3_default: subprocess.CompletedProcess[str],
                                  v3_pooled: subprocess.CompletedProcess[str]) -> None:  # fmt: skip
-    """--triatt-pool (default 8), --triatt-pool-spans (default 96) and the TRIATT_POOL alias reach libllama's
+    """--triatt-pool (default 8), --triatt-pool-spans (default 96) and LLAMA_ARG_TRIATT_POOL reach libllama's
     eviction: at budget 768 the 512 free slots hold fewer than 96 spans of 17 cells, so by default cells rank by their
     own scores (the same run as pool 0, and the log says so); with spans 0 it pools and evicts other cells."""
     off = "triatt: pooling off at this budget: its 512 free slots hold fewer than 96 spans of 17 cells"
@@ -107,35 +108,25 @@ def test_pool_reaches_the_engine(text: Path, v3_default: subprocess.CompletedPro
     assert default.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 8$", default.stderr,
                                                  re.M)  # fmt: skip
     assert off in default.stderr and "triatt: evict:" in default.stderr
-    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"TRIATT_POOL": "0"})
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", env={"LLAMA_ARG_TRIATT_POOL": "0"})
     assert proc.returncode == 0 and re.search(r"triatt: V3 eviction on: budget 768, .*, pool 0$", proc.stderr, re.M)
     assert "triatt: evict:" in proc.stderr and "pooling off" not in proc.stderr
-    assert "pooling only toward" not in proc.stderr
     assert final_ppl(proc.stderr) == final_ppl(default.stderr)
     assert v3_pooled.returncode == 0 and "pooling off" not in v3_pooled.stderr
     assert final_ppl(v3_pooled.stderr) != final_ppl(default.stderr)
 
 
-def test_pool_top_reaches_the_engine(text: Path, v3_pooled: subprocess.CompletedProcess[str]) -> None:
-    """--triatt-pool-top (and TRIATT_POOL_TOP) reach libllama: pooling toward the top P % only evicts other cells than
-    pooling everywhere (P = 0, the default); a percentage over 100 is refused before any work."""
-    logs = {"0": v3_pooled.stderr}
-    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "--triatt-pool-spans", "0",
-                      env={"TRIATT_POOL_TOP": "2"})  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    logs["2"] = proc.stderr
-    for top, log in logs.items():
-        assert ("triatt: pooling only toward the top 2 % of the scores" in log) == (top == "2")
-    assert final_ppl(logs["0"]) != final_ppl(logs["2"])
-    proc = perplexity(text, "--triatt-budget", "768", "--triatt-pool-top", "101")
-    assert proc.returncode != 0 and "--triatt-pool-top is a percentage of the scores, 0-100 (got 101)" in proc.stderr
+def test_removed_option_is_refused(text: Path) -> None:
+    """--triatt-pool-top measured worse than the default and was removed: the flag is an error, not ignored."""
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-pool-top", "2")
+    assert proc.returncode != 0 and "--triatt-pool-top" in proc.stderr, proc.stderr[-1500:]
 
 
-@pytest.mark.parametrize(("hybrid", "name"), [(3, "StreamingLLM"), (4, "random")])
-def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
+@pytest.mark.parametrize(("policy", "name"), [("streaming", "StreamingLLM"), ("random", "random")])
+def test_baseline_policies_evict(text: Path, policy: str, name: str) -> None:
     """The baselines of the eviction protocol run through the same hook as V3: the same rounds at the same positions
     and the same budget (they rank cells by position alone; tests/test_triatt_engine.py checks which ones)."""
-    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "--triatt-hybrid", str(hybrid))
+    proc = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "--triatt-policy", policy)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     assert f"triatt: {name} eviction on: budget 768" in log
@@ -152,7 +143,11 @@ def test_baseline_policies_evict(text: Path, hybrid: int, name: str) -> None:
         (["--triatt-budget", "200"], "--triatt-budget 200 must exceed the protected cells: window 128 + prefix = 256"),
         (
             ["--triatt-budget", "900", "--triatt-hybrid", "5"],
-            "--triatt-hybrid must be 0 (V1), 1 (V2), 2 (V3), 3 (StreamingLLM) or 4 (random)",
+            "--triatt-policy must be v1, v2, v3, streaming or random (--triatt-hybrid 0-4; got 5)",
+        ),
+        (
+            ["--triatt-budget", "900", "--triatt-policy", "v4"],
+            "--triatt-policy must be v3, v2, v1, streaming or random (got 'v4')",
         ),
         (["--triatt-budget", "900", "--triatt-window", "-3"], "--triatt-window must not be negative"),
         (["--triatt-budget", "900", "--triatt-segments", "0"], "--triatt-segments must be at least 1"),

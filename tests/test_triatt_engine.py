@@ -20,18 +20,8 @@ def ref_pool(pos: np.ndarray, score: np.ndarray, r: int) -> np.ndarray:
     return best
 
 
-def ref_peaks(score: np.ndarray, pooled: np.ndarray, top: int) -> np.ndarray:
-    """Pooled scores kept only where they reach the top `top` % of the scores (the lower (1 - top/100) quantile
-    of the non-NaN ones), the cell's own score elsewhere."""
-    v = np.sort(score[~np.isnan(score)])
-    if top <= 0 or top >= 100 or len(v) == 0:
-        return pooled
-    thr = v[(len(v) - 1) * (100 - top) // 100]
-    return np.where(pooled >= thr, pooled, score)
-
-
 def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, prefix: int, window: int,
-               segments: int, pool: int = 0, pool_top: int = 0, pool_spans: int = 0) -> np.ndarray:  # fmt: skip
+               segments: int, pool: int = 0, pool_spans: int = 0) -> np.ndarray:  # fmt: skip
     n = len(pos)
     keep = np.zeros(n, bool)
     if n <= budget:
@@ -42,7 +32,7 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
     keep |= prot
     # pooling only where the free slots hold pool_spans spans of 2 pool + 1 cells (0: always)
     if pool > 0 and hybrid <= 2 and budget - int(prot.sum()) >= pool_spans * (2 * pool + 1):
-        score = ref_peaks(score, ref_pool(pos, score, pool), pool_top)
+        score = ref_pool(pos, score, pool)
     free = min(budget - int(prot.sum()), int((~prot).sum()))
     cand = np.flatnonzero(~prot)
     if hybrid == 3:  # StreamingLLM: the most recent cells
@@ -73,12 +63,12 @@ def ref_select(pos: np.ndarray, score: np.ndarray, budget: int, hybrid: int, pre
 
 
 @pytest.mark.parametrize(
-    ("pool", "pool_top", "pool_spans"),
-    [(0, 0, 0), (1, 0, 0), (4, 0, 0), (4, 2, 0), (8, 10, 0), (8, 0, 64), (4, 2, 40), (1, 0, 300)],
+    ("pool", "pool_spans"),
+    [(0, 0), (1, 0), (4, 0), (8, 0), (8, 64), (4, 40), (1, 300)],
 )
 @pytest.mark.parametrize("hybrid", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("seed", range(6))
-def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: int, pool_spans: int) -> None:
+def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_spans: int) -> None:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(300, 3000))
     pos = rng.permutation(n + 50)[:n].astype(np.int32)  # distinct, unordered, with holes (earlier evictions)
@@ -88,8 +78,8 @@ def test_select_matches_reference(hybrid: int, seed: int, pool: int, pool_top: i
     segments = int(rng.integers(1, 12))
     score[rng.integers(0, n, 5)] = np.nan
     got = tri.select(pos, score, budget=budget, hybrid=hybrid, prefix=64, window=100, segments=segments, pool=pool,
-                     pool_top=pool_top, pool_spans=pool_spans)  # fmt: skip
-    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool, pool_top, pool_spans)
+                     pool_spans=pool_spans)  # fmt: skip
+    want = ref_select(pos, score, budget, hybrid, 64, 100, segments, pool, pool_spans)
     assert np.array_equal(got, want)
     assert got.sum() == min(n, budget)
 
@@ -148,17 +138,6 @@ def test_pool_keeps_spans_whole() -> None:
         big = {"budget": 1900, "hybrid": hybrid, "window": 128}
         assert tri.select(pos, score, **big)[span].all() and not tri.select(pos, score, pool=0, **big)[span].all()
         assert not tri.select(pos, score, pool_spans=200, **big)[span].all()
-    # pooling toward the top 2 % of scores only: the strong peak's span stays whole; a weaker peak (top ~3 %) is
-    # kept but its neighbours are ranked by their own scores (-5: evicted)
-    weak = np.arange(1500, 1513)
-    score[weak] = -5.0
-    score[1506] = 1.9
-    assert np.quantile(score, 0.98) > 1.9 > np.quantile(score, 0.9)
-    kw = {"budget": 600, "hybrid": 2, "window": 128, "pool_spans": 0}
-    assert tri.select(pos, score, pool=8, pool_top=2, **kw)[span].all()
-    peaks = tri.select(pos, score, pool=2, pool_top=2, **kw)
-    assert peaks[1506] and not peaks[np.setdiff1d(weak, [1506])].any()
-    assert tri.select(pos, score, pool=2, pool_top=0, **kw)[1504:1509].all()
     for hybrid in (3, 4):
         assert np.array_equal(tri.select(pos, score, budget=600, hybrid=hybrid, window=128, pool=6),
                               tri.select(pos, score, budget=600, hybrid=hybrid, window=128))  # fmt: skip
@@ -178,13 +157,11 @@ def test_select_small_and_nan() -> None:
     [
         ({"budget": 256}, "must exceed the protected cells: window 128 \\+ prefix = 256"),
         ({"budget": 100, "hybrid": 0}, "must exceed the protected cells: window 128 = 128"),
-        ({"budget": 1000, "hybrid": 5}, r"0 \(V1\), 1 \(V2\), 2 \(V3\), 3 \(StreamingLLM\) or 4 \(random\)"),
+        ({"budget": 1000, "hybrid": 5}, r"--triatt-policy must be v1, v2, v3, streaming or random \(--triatt-hyb"),
         ({"budget": 256, "hybrid": 3}, "must exceed the protected cells: window 128 \\+ prefix = 256"),
         ({"budget": 1000, "window": -1}, "--triatt-window must not be negative"),
         ({"budget": 1000, "segments": 0}, "--triatt-segments must be at least 1"),
         ({"budget": 1000, "pool": -2}, "--triatt-pool must not be negative"),
-        ({"budget": 1000, "pool_top": -1}, "--triatt-pool-top must not be negative"),
-        ({"budget": 1000, "pool_top": 101}, "--triatt-pool-top is a percentage of the scores, 0-100"),
         ({"budget": 1000, "pool_spans": -1}, "--triatt-pool-spans must not be negative"),
         ({"budget": -5}, "--triatt-budget must not be negative"),
     ],
@@ -194,6 +171,19 @@ def test_invalid_settings(kw: dict[str, int], msg: str) -> None:
         tri.check(**kw)
     tri.check(budget=0)  # off is always valid
     tri.check(budget=257)
+
+
+def test_one_schema() -> None:
+    """The parameters come from one list (triatt_params.h): the binding's keywords, the flags and the public struct's
+    fields (a removed option keeps its slot there, so the struct's layout does not change) agree."""
+    names = [p["name"] for p in tri.PARAMS]
+    assert names == ["budget", "hybrid", "prefix", "window", "segments", "divide", "warmup", "boundary_skip", "pool",
+                     "pool_spans"]  # fmt: skip
+    assert all(p["flag"] == "--triatt-" + p["name"].replace("_", "-") for p in tri.PARAMS)
+    assert [*names[:9], "retired_pool_top", "pool_spans"] == tri.STRUCT_FIELDS
+    assert tri.POLICIES == {"v1": 0, "v2": 1, "v3": 2, "streaming": 3, "random": 4}
+    with pytest.raises(TypeError, match="unknown TriAttention setting 'pool_top'"):
+        tri.check(budget=1000, pool_top=2)
 
 
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, neox: bool, base: float) -> np.ndarray:

@@ -16,10 +16,36 @@ namespace {
 using f32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using i32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-triatt_config make_config(int budget, int hybrid, int prefix, int window, int segments, int divide, int warmup,
-                          int boundary_skip, int pool, int pool_top, int pool_spans) {
-    triatt_config c{budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool, pool_top,
-                    pool_spans};
+// One setting of triatt_params.h by name: the engine's field.
+struct setting {
+    const char * name;
+    int32_t triatt_config::*field;
+};
+const setting SETTINGS[] = {
+#define TRIATT_PY_SETTING(field, def, flag, hint, help) {#field, &triatt_config::field},
+#define TRIATT_PY_SKIP(field)
+    TRIATT_PARAMS(TRIATT_PY_SETTING, TRIATT_PY_SKIP)
+#undef TRIATT_PY_SETTING
+};
+
+// The defaults, overridden by keyword: TypeError for a name that is not a setting, ValueError (llama.cpp's message)
+// for invalid values.
+triatt_config make_config(const py::kwargs & kw) {
+    triatt_config c;
+    triatt_config_default(&c);
+    for (const auto & [key, value] : kw) {
+        const std::string name = py::str(key);
+        const setting * s = std::find_if(std::begin(SETTINGS), std::end(SETTINGS),
+                                         [&](const setting & x) { return name == x.name; });
+        if (s == std::end(SETTINGS)) {
+            std::string known;
+            for (const setting & x : SETTINGS) {
+                known += (known.empty() ? "" : ", ") + std::string(x.name);
+            }
+            throw py::type_error("unknown TriAttention setting '" + name + "' (known: " + known + ")");
+        }
+        c.*(s->field) = value.cast<int32_t>();
+    }
     char msg[256];
     if (triatt_config_check(&c, msg, sizeof msg) != 0) {
         throw py::value_error(msg);
@@ -38,37 +64,41 @@ triatt_rope make_rope(int head_dim, int n_rot, bool neox, float freq_base, float
 
 PYBIND11_MODULE(_triatt, m) {
     m.doc() = "TriAttention V3 eviction engine (csrc/triatt/triatt.c)";
-    static const triatt_config D = [] {  // the defaults' one definition: triatt_config_default
-        triatt_config c;
-        triatt_config_default(&c);
-        return c;
-    }();
+    py::list params;  // the schema (triatt_params.h): what the flags and the C struct are made of
+#define TRIATT_PY_PARAM(field, def, flag, hint, help) \
+    params.append(py::dict(py::arg("name") = #field, py::arg("default") = def, py::arg("flag") = flag, py::arg("help") = help));
+    TRIATT_PARAMS(TRIATT_PY_PARAM, TRIATT_PY_SKIP)
+#undef TRIATT_PY_PARAM
+    m.attr("PARAMS") = params;
+    py::list fields;  // struct llama_triatt_params (include/llama-tq.h), in order, retired slots included
+#define TRIATT_PY_FIELD(field, def, flag, hint, help) fields.append(#field);
+#define TRIATT_PY_RETIRED(field) fields.append("retired_" #field);
+    TRIATT_PARAMS(TRIATT_PY_FIELD, TRIATT_PY_RETIRED)
+#undef TRIATT_PY_FIELD
+#undef TRIATT_PY_RETIRED
+    m.attr("STRUCT_FIELDS") = fields;
+    py::dict policies;  // --triatt-policy names -> the `hybrid` value
+#define TRIATT_PY_POLICY(id, flag_name, name) policies[flag_name] = id;
+    TRIATT_POLICIES(TRIATT_PY_POLICY)
+#undef TRIATT_PY_POLICY
+    m.attr("POLICIES") = policies;
 
-    m.def("check", [](int budget, int hybrid, int prefix, int window, int segments, int divide, int warmup,
-                      int boundary_skip, int pool, int pool_top, int pool_spans) {
-        make_config(budget, hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool, pool_top,
-                    pool_spans);
-    }, py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix, py::arg("window") = D.window,
-       py::arg("segments") = D.segments, py::arg("divide") = D.divide, py::arg("warmup") = D.warmup,
-       py::arg("boundary_skip") = D.boundary_skip, py::arg("pool") = D.pool, py::arg("pool_top") = D.pool_top,
-       py::arg("pool_spans") = D.pool_spans, "Raise ValueError with llama.cpp's message if the settings are invalid.");
+    m.def("check", [](const py::kwargs & kw) { make_config(kw); },
+          "check(**settings): raise ValueError with llama.cpp's message if the settings are invalid (TypeError for "
+          "an unknown name); settings not given keep their defaults (PARAMS).");
 
-    m.def("select", [](const i32 & pos, const f32 & score, int budget, int hybrid, int prefix, int window,
-                       int segments, int pool, int pool_top, int pool_spans) {
+    m.def("select", [](const i32 & pos, const f32 & score, const py::kwargs & kw) {
         if (pos.ndim() != 1 || score.ndim() != 1 || pos.size() != score.size()) {
             throw py::value_error("pos and score must be 1-D arrays of the same length");
         }
-        const triatt_config c = make_config(budget, hybrid, prefix, window, segments, D.divide, D.warmup,
-                                            D.boundary_skip, pool, pool_top, pool_spans);
+        const triatt_config c = make_config(kw);
         py::array_t<uint8_t> keep(pos.size());
         if (triatt_select(&c, (int32_t) pos.size(), pos.data(), score.data(), keep.mutable_data()) < 0) {
             throw std::bad_alloc();
         }
         return keep.attr("astype")("bool");
-    }, py::arg("pos"), py::arg("score"), py::arg("budget"), py::arg("hybrid") = D.hybrid, py::arg("prefix") = D.prefix,
-       py::arg("window") = D.window, py::arg("segments") = D.segments, py::arg("pool") = D.pool,
-       py::arg("pool_top") = D.pool_top, py::arg("pool_spans") = D.pool_spans,
-       "Boolean keep mask for one sequence's cells.");
+    }, py::arg("pos"), py::arg("score"),
+       "select(pos, score, **settings): boolean keep mask for one sequence's cells.");
 
     m.def("calibrate", [](const f32 & q, const i32 & pos, int n_rot, bool neox, float freq_base, float freq_scale) {
         if (q.ndim() != 2 || pos.ndim() != 1 || pos.shape(0) != q.shape(0)) {

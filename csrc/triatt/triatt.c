@@ -13,32 +13,33 @@
 #endif
 
 void triatt_config_default(triatt_config *c) {
-    c->budget = 0;
-    c->hybrid = 2;
-    c->prefix = 128;
-    c->window = 128;
-    c->segments = 2; /* with pooled scores 2 beat 8 (and 1, 4) on KLD: bench/results/v3_eviction.md */
-    c->divide = 128;
-    c->warmup = 1024;
-    c->boundary_skip = 0;
-    c->pool = 8;
-    c->pool_top = 0;
-    /* 96 spans (1632 slots at pool 8): up to 75 spans (a 2k context at 25-75 %) own scores had less KLD in 4 of 6
-     * cells (and met the baselines in all), from 105 spans up (8k and 16k contexts) pooling kept needles:
-     * bench/results/v3_eviction.md */
-    c->pool_spans = 96;
+#define TRIATT_DEFAULT(field, def, flag, hint, help) c->field = def;
+#define TRIATT_SKIP(field)
+    TRIATT_PARAMS(TRIATT_DEFAULT, TRIATT_SKIP)
+#undef TRIATT_DEFAULT
 }
 
 const char *triatt_policy_name(int32_t hybrid) {
-    static const char *const names[] = {"V1", "V2", "V3", "StreamingLLM", "random"};
-    return hybrid >= 0 && hybrid <= 4 ? names[hybrid] : "?";
+#define TRIATT_POLICY_NAME(id, flag_name, name)                                                                      \
+    if (hybrid == (id)) {                                                                                            \
+        return name;                                                                                                 \
+    }
+    TRIATT_POLICIES(TRIATT_POLICY_NAME)
+#undef TRIATT_POLICY_NAME
+    return "?";
+}
+
+int32_t triatt_policy_from_name(const char *name) {
+#define TRIATT_POLICY_ID(id, flag_name, pname)                                                                       \
+    if (strcmp(name, flag_name) == 0) {                                                                              \
+        return id;                                                                                                   \
+    }
+    TRIATT_POLICIES(TRIATT_POLICY_ID)
+#undef TRIATT_POLICY_ID
+    return -1;
 }
 
 int triatt_policy_scored(int32_t hybrid) { return hybrid >= 0 && hybrid <= 2; }
-
-int triatt_pool_peaks_only(const triatt_config *c) {
-    return triatt_policy_scored(c->hybrid) && c->pool > 0 && c->pool_top > 0 && c->pool_top < 100;
-}
 
 int triatt_pool_active(const triatt_config *c, int64_t free_slots) {
     return triatt_policy_scored(c->hybrid) && c->pool > 0 &&
@@ -57,24 +58,22 @@ int64_t triatt_free_slots(const triatt_config *c) { return (int64_t)c->budget - 
 
 int triatt_config_check(const triatt_config *c, char *msg, size_t msg_size) {
     const struct {
-        const char *name;
+        const char *flag;
         int32_t v;
-    } f[] = {{"budget", c->budget}, {"prefix", c->prefix},   {"window", c->window},
-             {"divide", c->divide}, {"warmup", c->warmup}, {"boundary-skip", c->boundary_skip},
-             {"pool", c->pool}, {"pool-top", c->pool_top}, {"pool-spans", c->pool_spans}};
+    } f[] = {
+#define TRIATT_VALUE(field, def, flag, hint, help) {flag, c->field},
+        TRIATT_PARAMS(TRIATT_VALUE, TRIATT_SKIP)
+#undef TRIATT_VALUE
+    };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; ++i) {
         if (f[i].v < 0) {
-            snprintf(msg, msg_size, "--triatt-%s must not be negative (got %d)", f[i].name, f[i].v);
+            snprintf(msg, msg_size, "%s must not be negative (got %d)", f[i].flag, f[i].v);
             return -1;
         }
     }
     if (c->hybrid < 0 || c->hybrid > 4) {
-        snprintf(msg, msg_size,
-                 "--triatt-hybrid must be 0 (V1), 1 (V2), 2 (V3), 3 (StreamingLLM) or 4 (random) (got %d)", c->hybrid);
-        return -1;
-    }
-    if (c->pool_top > 100) {
-        snprintf(msg, msg_size, "--triatt-pool-top is a percentage of the scores, 0-100 (got %d)", c->pool_top);
+        snprintf(msg, msg_size, "--triatt-policy must be v1, v2, v3, streaming or random (--triatt-hybrid 0-4; got %d)",
+                 c->hybrid);
         return -1;
     }
     if (c->segments < 1) {
@@ -158,37 +157,6 @@ static int pool_scores(int32_t n, const int32_t *pos, const float *score, int32_
     return 0;
 }
 
-static int by_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-/* Pooling toward the strongest peaks only: pooled[i] stays where it reaches the top `top` % of the scores (the
- * (1 - top/100) quantile of the non-NaN ones, lower neighbour), elsewhere it falls back to the cell's own score. */
-static int pool_keep_peaks(int32_t n, const float *score, int32_t top, float *pooled) {
-    float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    if (v == NULL) {
-        return -1;
-    }
-    int32_t m = 0;
-    for (int32_t i = 0; i < n; ++i) {
-        if (!isnan(score[i])) {
-            v[m++] = score[i];
-        }
-    }
-    if (m > 0) {
-        qsort(v, (size_t)m, sizeof *v, by_float);
-        const float thr = v[(int64_t)(m - 1) * (100 - top) / 100];
-        for (int32_t i = 0; i < n; ++i) {
-            if (!(pooled[i] >= thr)) {
-                pooled[i] = score[i];
-            }
-        }
-    }
-    free(v);
-    return 0;
-}
-
 /* Keeps the k best of the cells cand[0, m) by g_sel.score (reordering them). */
 static void take(int32_t *cand, int32_t m, int32_t k, uint8_t *keep) {
     qsort(cand, (size_t)m, sizeof *cand, by_score);
@@ -250,8 +218,7 @@ int32_t triatt_select(const triatt_config *c, int32_t n, const int32_t *pos, con
     float *pooled = NULL; /* V1-V3 with pool > 0: the neighbourhood's best score in place of the cell's own */
     if (pooling) {
         pooled = malloc(sizeof(float) * (size_t)n);
-        if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0 ||
-            (triatt_pool_peaks_only(c) && pool_keep_peaks(n, score, c->pool_top, pooled) != 0)) {
+        if (pooled == NULL || pool_scores(n, pos, score, c->pool, pooled) != 0) {
             free(pooled);
             free(cand);
             return -1;

@@ -18,10 +18,8 @@
  *   pooling) instead of its own: a span of text around a high-scoring token (a fact such as a name with its number)
  *   is kept or evicted as a whole rather than in fragments (bench/results/v3_eviction.md: needle recall at a 50 %
  *   budget 0-1/5 -> 4-5/5, for some 10-40 % more KLD; the midpoint of own and pooled score, or half the slots by
- *   each, kept more KLD but lost the needle). With pool_top = P > 0 a cell takes its neighbourhood's best score only
- *   where that score is in the top P % of the round's scores (pooling toward the strongest peaks only): less KLD
- *   (V3 at 50 %: -43 % on wikitext-2, -17 % on the default text), but it lost needles at 8k (2/5 and 2/5 where full
- *   pooling keeps 5/5 and 4/5), so the default is 0 (pool everywhere). Pooling spends slots on a peak's neighbours,
+ *   each, kept more KLD but lost the needle; pooling only toward the strongest peaks had less KLD but lost needles at 8k,
+ *   and was removed). Pooling spends slots on a peak's neighbours,
  *   which a small budget cannot afford: with pool_spans = S > 0 a round pools only when its free slots hold S spans
  *   of 2 pool + 1 cells (default 96: 1632 slots at pool 8; measured in bench/results/v3_eviction.md).
  *   Baselines that ignore the score (prefix protected as in V3): hybrid 3 = StreamingLLM (attention sinks =
@@ -35,40 +33,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "triatt_params.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The settings (triatt_params.h: budget, hybrid = the policy, prefix, window, segments, divide, warmup,
+ * boundary_skip, pool, pool_spans; a retired slot has no field here). */
 typedef struct triatt_config {
-    int32_t budget;        /* cells kept per sequence after a round; 0 = eviction off */
-    int32_t hybrid;        /* 0 = V1 global ranking, 1 = V2 segment quota, 2 = V3 = V2 + protected prefix,
-                              3 = StreamingLLM (prefix + recent), 4 = random (prefix + window + a fixed hash) */
-    int32_t prefix;        /* V3: positions < prefix are never evicted */
-    int32_t window;        /* the last `window` positions are never evicted */
-    int32_t segments;      /* V2/V3 segments */
-    int32_t divide;        /* a round starts when a sequence holds more than budget + divide cells */
-    int32_t warmup;        /* tokens whose queries calibrate the score */
-    int32_t boundary_skip; /* attention layers left out of the score at each end of the stack */
-    int32_t pool;          /* V1-V3: rank a cell by the best score within `pool` positions of it (0 = its own) */
-    int32_t pool_top;      /* pool only toward the strongest peaks: a cell takes its neighbourhood's best score when
-                              that score is in the top pool_top % of the round's scores, else its own (0 = always) */
-    int32_t pool_spans;    /* pool only where a sequence's free slots (budget minus its protected cells) hold at
-                              least pool_spans spans of 2 pool + 1 cells; below that, own scores (0 = always pool) */
+#define TRIATT_CONFIG_FIELD(field, def, flag, hint, help) int32_t field;
+#define TRIATT_CONFIG_RETIRED(field)
+    TRIATT_PARAMS(TRIATT_CONFIG_FIELD, TRIATT_CONFIG_RETIRED)
+#undef TRIATT_CONFIG_FIELD
+#undef TRIATT_CONFIG_RETIRED
 } triatt_config;
 
-/* budget 0 (off), hybrid 2, prefix 128, window 128, segments 2, divide 128, warmup 1024, boundary_skip 0, pool 8,
- * pool_top 0, pool_spans 96 */
+/* The defaults of triatt_params.h. */
 void triatt_config_default(triatt_config *c);
 
 /* The policy's name: "V1", "V2", "V3", "StreamingLLM", "random" ("?" outside 0..4). */
 const char *triatt_policy_name(int32_t hybrid);
 
+/* The policy of a --triatt-policy name (v1, v2, v3, streaming, random), or -1. */
+int32_t triatt_policy_from_name(const char *name);
+
 /* Whether the policy ranks cells by the TriAttention score (V1-V3) rather than by position alone. */
 int triatt_policy_scored(int32_t hybrid);
-
-/* Whether the selection pools only toward the top pool_top % of the scores: a scored policy, pool > 0 and
- * 0 < pool_top < 100 (0 and 100 both pool everywhere). */
-int triatt_pool_peaks_only(const triatt_config *c);
 
 /* Whether a round with `free_slots` unprotected slots ranks by pooled scores: a scored policy, pool > 0 and
  * (pool_spans == 0 or free_slots >= pool_spans * (2 pool + 1)). */

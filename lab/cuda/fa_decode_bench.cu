@@ -7,7 +7,7 @@
 //        lab/cuda/fa_decode_bench.cu tq_codec.o -o fa_decode_bench
 //   ./fa_decode_bench            correctness cases, then the perf cases; exit 1 on any mismatch
 //   ./fa_decode_bench perf [N]   the perf cases only (or only the N-th)
-//   ./fa_decode_bench phases     (built with -DTQ_FA_PHASES) where a single-pass block's time goes at depth 0
+//   ./fa_decode_bench phases     (-DTQ_FA_PHASES, after `bash lab/patch.sh apply cuda-phases`) where a single-pass block's time goes at depth 0
 //   ./fa_decode_bench short      decode at short KV (1 sequence, as llama-bench at depth 0): the host's chunking,
 //                                then one chunk (the tensor-core kernel's single pass), per KV length
 //   ./fa_decode_bench depth      llama-bench's decode at KV 2K / 8K / 32K (1 sequence, 4 KV heads, GQA 4) by chunk count

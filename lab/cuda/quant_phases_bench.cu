@@ -1,6 +1,7 @@
 // Where the GPU quantizer's time goes: clock stamps at the phases of tq_cu_quantize_block (the 128-value path the
 // fused K/V write runs, one CTA of 128 threads per block), for a decode token's write of `nb` blocks, tq3 and tq4.
-// Also checks the bytes against the C codec. NOTES.md v23, lab/archive/cuda.tar.xz (cuda/v23_write).
+// Also checks the bytes against the C codec. NOTES.md v23, lab/archive/cuda.tar.xz (cuda/v23_write). Needs the
+// phase hooks of lab/patches/cuda-phases.patch: `bash lab/patch.sh apply cuda-phases` first.
 //
 //   gcc -O2 -std=c11 -ffp-contract=off -c -Icsrc/codec csrc/codec/tq_codec.c -o tq_codec.o
 //   nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \

@@ -1,6 +1,6 @@
-"""Line up the in-graph timestamps of a -DTQ_STAMPS build (csrc/.../tq/tq-stamps.cuh): the fused K/V write's file and
-the tensor-core FA kernel's, launch i of one with launch i of the other (a decode step has one of each per layer),
-counted from the end. Prints per layer the mean times in µs from the write's first block entry (from the FA
+"""Line up the in-graph timestamps of a -DTQ_STAMPS build (lab/patches/cuda-stamps.patch): the fused K/V write's
+file and the tensor-core FA kernel's, launch i of one with launch i of the other (a decode step has one of each per
+layer), counted from the end. Prints per layer the mean times in µs from the write's first block entry (from the FA
 kernel's first entry when only the FA kernel's unit was built with the stamps: WRITE_FILE "-").
 
     python lab/cuda/stamps_stats.py WRITE_FILE|- FA_FILE [--layers 8] [--last 300]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .binding import llama_cpp, triatt_configure, triatt_default_params, triatt_stats
+from .binding import llama_cpp, tq_configure, triatt_configure, triatt_default_params, triatt_stats
 from .errors import LlamaTqError
 from .paths import bin_dir, include_dir, lib_dir
 
@@ -32,6 +32,7 @@ __all__ = [
     "lib_dir",
     "llama_cpp",
     "memory_report",
+    "tq_configure",
     "triatt_configure",
     "triatt_default_params",
     "triatt_stats",

@@ -3,6 +3,7 @@
 llama-tq python-binding          # pip install llama-cpp-python==0.3.36 without its own llama.cpp build
 import llama_tq; llama_cpp = llama_tq.llama_cpp()   # LLAMA_CPP_LIB_PATH -> llama_tq.lib_dir(), then import
 llm = llama_cpp.Llama(model, type_k=llama_tq.GGML_TYPE_TQ4, type_v=llama_tq.GGML_TYPE_TQ3, flash_attn=True)
+llama_tq.tq_configure(llm, keys="auto", attn_rot="auto")   # TQ cache options (remakes the context)
 llama_tq.triatt_configure(llm, budget=4096)          # TriAttention V3 eviction on this context
 """
 
@@ -12,29 +13,11 @@ import ctypes
 import functools
 import importlib
 import os
-import subprocess
 import sys
 from types import ModuleType
 
 from .errors import ToolError, UsageError
 from .paths import lib_dir
-from .tooling import base
-
-_RUNTIME_DEPS = ["typing-extensions>=4.5", "diskcache>=5.6", "jinja2>=2.11"]
-
-
-def install_llama_cpp_python() -> str:
-    """pip-install the llama-cpp-python of the pinned sdist, Python package only (LLAMA_BUILD=OFF)."""
-    sdist = base.fetch_sdist()
-    env = {**os.environ, "CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
-    for cmd in (
-        [sys.executable, "-m", "pip", "install", "--no-deps", str(sdist)],
-        [sys.executable, "-m", "pip", "install", *_RUNTIME_DEPS],
-    ):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ToolError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return f"installed llama-cpp-python {base.SDIST_VERSION}; use it with LLAMA_CPP_LIB_PATH={lib_dir()}"
 
 
 def llama_cpp() -> ModuleType:
@@ -47,12 +30,26 @@ def llama_cpp() -> ModuleType:
         raise ToolError("llama-cpp-python is not installed: run `llama-tq python-binding`") from e
 
 
-class TriattParams(ctypes.Structure):
-    """struct llama_triatt_params (include/llama.h, patch 0004)."""
+class TqParams(ctypes.Structure):
+    """struct llama_tq_params (include/llama-tq.h)."""
 
-    _fields_ = [(name, ctypes.c_int32) for name in
-                ("budget", "hybrid", "prefix", "window", "segments", "divide", "warmup", "boundary_skip",
-                 "pool", "pool_top", "pool_spans")]  # fmt: skip
+    _fields_ = [("keys", ctypes.c_int32), ("attn_rot", ctypes.c_int32)]
+
+
+@functools.cache
+def _triatt_params_type() -> type[ctypes.Structure]:
+    """struct llama_triatt_params (include/llama-tq.h), made from the same schema as the C struct (triatt_params.h,
+    through the engine module), so that the two cannot disagree on a field or its place."""
+    from . import _triatt
+
+    fields = [(name, ctypes.c_int32) for name in _triatt.STRUCT_FIELDS]
+    return type("TriattParams", (ctypes.Structure,), {"_fields_": fields})
+
+
+def _settings() -> list[str]:
+    from . import _triatt
+
+    return [p["name"] for p in _triatt.PARAMS]
 
 
 @functools.cache
@@ -61,6 +58,12 @@ def _libllama() -> ctypes.CDLL:
     if not path.is_file():
         raise ToolError(f"{path} is missing: this install was built without the llama.cpp libraries")
     lib = ctypes.CDLL(str(path))  # the same handle llama_cpp loaded
+    TriattParams = _triatt_params_type()
+    lib.llama_tq_default_params.argtypes = []
+    lib.llama_tq_default_params.restype = TqParams
+    lib.llama_tq_params_set.argtypes = [ctypes.POINTER(TqParams), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                        ctypes.c_size_t]  # fmt: skip
+    lib.llama_tq_params_set.restype = ctypes.c_int32
     lib.llama_triatt_default_params.argtypes = []
     lib.llama_triatt_default_params.restype = TriattParams
     lib.llama_triatt_configure.argtypes = [ctypes.c_void_p, ctypes.POINTER(TriattParams), ctypes.c_char_p,
@@ -91,35 +94,82 @@ def ggml_type_id(name: str) -> int:
 
 
 def triatt_default_params() -> dict[str, int]:
-    """The library's TriAttention defaults (llama_triatt_default_params): the one definition, in csrc/triatt."""
+    """The library's TriAttention defaults (llama_triatt_default_params): the one definition, triatt_params.h."""
     p = _libllama().llama_triatt_default_params()
-    return {name: int(getattr(p, name)) for name, _ in TriattParams._fields_}
+    return {name: int(getattr(p, name)) for name in _settings()}
 
 
 def _ctx_ptr(llm_or_ctx: object) -> int:
-    """The llama_context pointer of a llama_cpp.Llama (or a raw context pointer)."""
+    """The llama_context pointer of a llama_cpp.Llama (or a raw context pointer); UsageError for anything else."""
     ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)
     ctx = getattr(ctx, "ctx", ctx)  # Llama._ctx (internal wrapper) -> its ctypes pointer
-    if isinstance(ctx, ctypes.c_void_p):
-        return int(ctx.value or 0)
-    return int(ctypes.cast(ctx, ctypes.c_void_p).value or 0)
+    what = "expected a llama_cpp.Llama or a llama_context pointer"
+    try:
+        ptr = ctx.value if isinstance(ctx, ctypes.c_void_p) else ctypes.cast(ctx, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError) as e:
+        raise UsageError(f"{what}, got {type(llm_or_ctx).__name__}") from e
+    if not ptr:
+        raise UsageError(f"{what}, got {llm_or_ctx!r} (no context)")
+    return int(ptr)
 
 
-def triatt_configure(llm_or_ctx: object, budget: int, **settings: int) -> None:
-    """TriAttention V3 eviction on a llama-cpp-python context (llama_triatt_configure). `settings` override the
-    library's defaults by name (hybrid, prefix, window, segments, divide, warmup, boundary_skip, pool,
-    pool_top, pool_spans); UsageError (a ValueError) with llama.cpp's message on bad settings or an unsupported
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def triatt_configure(llm_or_ctx: object, budget: int, **settings: int | str) -> None:
+    """TriAttention eviction on a llama-cpp-python context (llama_triatt_configure). `settings` override the
+    library's defaults by name (triatt_default_params(); `policy` takes the --triatt-policy names v3, v2, v1,
+    streaming, random); UsageError (a ValueError) with llama.cpp's message on bad settings or an unsupported
     model."""
+    from . import _triatt
+
     lib = _libllama()
+    ctx = _ctx_ptr(llm_or_ctx)
     params = lib.llama_triatt_default_params()
+    known = _settings()
+    if "policy" in settings:
+        policy = settings.pop("policy")
+        if policy not in _triatt.POLICIES:
+            raise UsageError(f"policy must be one of {', '.join(_triatt.POLICIES)} (got {policy!r})")
+        settings["hybrid"] = _triatt.POLICIES[policy]
     for name, value in {"budget": budget, **settings}.items():
-        if name not in dict(TriattParams._fields_):
-            raise UsageError(f"unknown TriAttention setting {name!r} (known: "
-                             f"{', '.join(n for n, _ in TriattParams._fields_)})")  # fmt: skip
-        setattr(params, name, int(value))
+        if name not in known:
+            raise UsageError(f"unknown TriAttention setting {name!r} (known: policy, {', '.join(known)})")
+        if isinstance(value, bool) or not isinstance(value, int) or not INT32[0] <= value <= INT32[1]:
+            raise UsageError(f"TriAttention setting {name} must be a 32-bit integer (got {value!r})")
+        setattr(params, name, value)
     err = ctypes.create_string_buffer(256)
-    if lib.llama_triatt_configure(_ctx_ptr(llm_or_ctx), ctypes.byref(params), err, len(err)) != 0:
+    if lib.llama_triatt_configure(ctx, ctypes.byref(params), err, len(err)) != 0:
         raise UsageError(err.value.decode())
+
+
+def tq_configure(llm: object, keys: str = "auto", attn_rot: str = "auto") -> None:
+    """The TQ cache options of a llama_cpp.Llama (llama_tq_params: the key transforms, --tq-keys
+    auto|1|mean|eq|0|matrix, and upstream's attention rotation on the TQ sides, --tq-attn-rot auto|0|1|k|v).
+    They are fixed when a context is made, so the Llama's context is made again with its own context parameters
+    (llama_init_from_model_tq): its cache starts empty, and TriAttention is configured after this, not before.
+    UsageError for a bad value (llama.cpp's message) or something that is not a Llama."""
+    llama_cpp = importlib.import_module("llama_cpp")
+    wrapper = getattr(llm, "_ctx", None)
+    if wrapper is None or not hasattr(wrapper, "params") or not hasattr(wrapper, "model"):
+        raise UsageError(f"tq_configure needs a llama_cpp.Llama, got {type(llm).__name__}")
+    lib = _libllama()
+    params = lib.llama_tq_default_params()
+    err = ctypes.create_string_buffer(256)
+    for name, value in (("keys", keys), ("attn_rot", attn_rot)):
+        if lib.llama_tq_params_set(ctypes.byref(params), name.encode(), str(value).encode(), err, len(err)) != 0:
+            raise UsageError(err.value.decode())
+    init = lib.llama_init_from_model_tq
+    init.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.POINTER(TqParams)]
+    init.restype = ctypes.c_void_p
+    new = init(wrapper.model.model, wrapper.params, ctypes.byref(params))
+    if not new:
+        raise ToolError("llama_init_from_model_tq failed (the log says why)")
+    old, wrapper.ctx = wrapper.ctx, llama_cpp.llama_context_p(new)
+    wrapper.memory = llama_cpp.llama_get_memory(wrapper.ctx)
+    llama_cpp.llama_free(old)
+    if hasattr(llm, "n_tokens"):
+        llm.n_tokens = 0  # the new cache is empty
 
 
 def triatt_stats(llm_or_ctx: object) -> tuple[int, int, int]:

@@ -190,7 +190,7 @@ def _cmd_v3(args: argparse.Namespace) -> int:
 
 
 def _cmd_python_binding(args: argparse.Namespace) -> int:
-    from .binding import install_llama_cpp_python
+    from .tooling.binding_install import install_llama_cpp_python
 
     print(install_llama_cpp_python())
     return EXIT_OK
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extra", default="", help="more llama-perplexity arguments, with '=': --extra='-ngl 99'")
     p.add_argument(
         "--evict", default="", help="eviction settings for every config (not the f16 base), with '=': "
-        "--evict='--triatt-budget 1800 --triatt-hybrid 2'; a run whose log shows no eviction round is marked invalid",
+        "--evict='--triatt-budget 1800 --triatt-policy v3'; a run whose log shows no eviction round is marked invalid",
     )  # fmt: skip
     p.set_defaults(func=_cmd_ppl)
 

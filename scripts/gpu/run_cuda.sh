@@ -25,9 +25,9 @@
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
 #   head96 the same at head size 96 (tq3 -> tq3_96; decoded by upstream's f16 kernels after a conversion)
-# Environment: OPS (ops stage op list), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for LLAMA_TQ_KEYS=0),
+# Environment: OPS (ops stage op list), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for --tq-keys 0),
 #   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH, BUILD_TARGETS (build stage's ninja targets),
-#   CMAKE_EXTRA (more cmake arguments, e.g. -DCMAKE_CUDA_FLAGS=-DTQ_STAMPS).
+#   CMAKE_EXTRA (more cmake arguments, e.g. -DCMAKE_CUDA_FLAGS=-DTQ_STAMPS after `bash lab/patch.sh apply cuda-stamps`).
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
 #   graphppl  llama-perplexity with the TQ decode kernels in real graphs (ubatches of 1, 8, 128): GPU vs CPU
@@ -124,12 +124,12 @@ stage_ppl() {
     join_model || return 1
     local run kv ngl log rc=0
     for run in ${PPL_RUNS:-f16 tq3 tq3@nokeys}; do
-        kv=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
+        kv=${run%@nokeys} # "@nokeys": --tq-keys 0 (no key transforms)
         for ngl in 99 0; do
             log="$RES/ppl_${run/@/_}_ngl$ngl.log" # no '@' in file names: the device tool refuses them
-            LLAMA_TQ_KEYS=$([ "$kv" = "$run" ] && echo auto || echo 0) \
-                "$bin/llama-perplexity" -m "$model" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 -fa on \
-                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" > "$log" 2>&1 || rc=1
+            "$bin/llama-perplexity" -m "$model" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 -fa on \
+                -ctk "$kv" -ctv "$kv" -ngl "$ngl" -t "$(nproc)" --tq-keys "$([ "$kv" = "$run" ] && echo auto || echo 0)" \
+                > "$log" 2>&1 || rc=1
             printf 'ppl %-11s ngl %-2s %s\n' "$run" "$ngl" "$(grep 'Final estimate' "$log")"
         done
     done
@@ -173,11 +173,10 @@ stage_bench() {
     local run t rc=0
     : > "$RES/llama_bench.md"
     for run in ${BENCH_TYPES:-f16 q8_0 q4_0 tq4 tq3 tq3@nokeys}; do
-        t=${run%@nokeys} # "@nokeys": LLAMA_TQ_KEYS=0 (no key transforms)
-        [ "$t" != "$run" ] && echo "LLAMA_TQ_KEYS=0:" | tee -a "$RES/llama_bench.md"
-        LLAMA_TQ_KEYS=$([ "$t" = "$run" ] && echo auto || echo 0) \
-            "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
-            -r "${BENCH_REPS:-10}" \
+        t=${run%@nokeys} # "@nokeys": --tq-keys 0 (no key transforms)
+        [ "$t" != "$run" ] && echo "--tq-keys 0:" | tee -a "$RES/llama_bench.md"
+        "$bin/llama-bench" -m "$W/synth.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "${BENCH_DEPTHS:-0,8192,32768}" \
+            -r "${BENCH_REPS:-10}" --tq-keys "$([ "$t" = "$run" ] && echo auto || echo 0)" \
             -ctk "$t" -ctv "$t" -o md 2>> "$RES/llama_bench.err" | tee -a "$RES/llama_bench.md" || rc=1
     done
     # each round's ratio to the same round's f16 (BENCH_TYPES with f16 in it)

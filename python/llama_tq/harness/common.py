@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from ..cachetypes import CACHE_TYPES, cache_type
 from ..errors import ToolError, UsageError
@@ -23,22 +24,20 @@ MIN_CHUNKS = 3  # fewer only with --allow-noisy, and labelled NOISY
 NIAH_FLAGS = ("-no-cnv", "--no-display-prompt", "--temp", "0")
 LOG_FLAGS = ("-lv", "4")  # library info lines (KV sizes, eviction rounds) reach the log
 
-# "@option" suffixes of a config: the environment they set for llama.cpp
-OPTIONS = {
-    "rot": ("LLAMA_TQ_ATTN_ROT", "1"),  # upstream's Hadamard attention rotation also on TQ K and V
-    "rotk": ("LLAMA_TQ_ATTN_ROT", "k"),  # ... on TQ K only
-    "rotv": ("LLAMA_TQ_ATTN_ROT", "v"),  # ... on TQ V only
-    "tqnorot": ("LLAMA_TQ_ATTN_ROT", "0"),  # ... on neither
+# "@option" suffixes of a config: the flags they pass to llama.cpp's tools (llama-bench takes the --tq-* ones too)
+OPTIONS: dict[str, tuple[str, str]] = {
+    "rot": ("--tq-attn-rot", "1"),  # upstream's Hadamard attention rotation also on TQ K and V
+    "rotk": ("--tq-attn-rot", "k"),  # ... on TQ K only
+    "rotv": ("--tq-attn-rot", "v"),  # ... on TQ V only
+    "tqnorot": ("--tq-attn-rot", "0"),  # ... on neither
+    "nokeys": ("--tq-keys", "0"),  # no key transforms on TQ K (no centering, no equalization)
+    "mean": ("--tq-keys", "mean"),  # key-mean centering only
+    "eq": ("--tq-keys", "eq"),  # channel equalization only
+    "matrix": ("--tq-keys", "matrix"),  # centering + equalization by a full matrix per KV head (the key basis)
+}
+# ... and those that are upstream's own environment switches (it has no flag for them)
+ENV_OPTIONS: dict[str, tuple[str, str]] = {
     "norot": ("LLAMA_ATTN_ROT_DISABLE", "1"),  # upstream's rotation off for every type
-    "nokeys": ("LLAMA_TQ_KEYS", "0"),  # no key transforms on TQ K (no centering, no equalization)
-    "mean": ("LLAMA_TQ_KEYS", "mean"),  # key-mean centering only
-    "eq": ("LLAMA_TQ_KEYS", "eq"),  # channel equalization only
-    "matrix": ("LLAMA_TQ_KEYS", "matrix"),  # centering + equalization by a full matrix per KV head (the key basis)
-    # measuring, with an f16 K cache: keys hold k + a (tq3(k) - k), tq3's error scaled by a (bench/key_error_scale)
-    "emu100": ("LLAMA_TQ_KEYS_EMULATE", "tq3:1"),
-    "emu85": ("LLAMA_TQ_KEYS_EMULATE", "tq3:0.85"),
-    "emu70": ("LLAMA_TQ_KEYS_EMULATE", "tq3:0.7"),
-    "emu50": ("LLAMA_TQ_KEYS_EMULATE", "tq3:0.5"),
 }
 
 
@@ -46,7 +45,8 @@ OPTIONS = {
 class KvConfig:
     k: str
     v: str
-    env: tuple[tuple[str, str], ...] = ()  # extra environment from "@option" suffixes, e.g. "tq4/tq4@rot"
+    opts: tuple[str, ...] = ()  # "@option" suffixes, e.g. "tq4/tq4@rot"
+    args: tuple[str, ...] = ()  # more flags, set by code: e.g. a run's eviction settings
     label: str = ""  # set by code, not parsed: a run's own suffix, e.g. an eviction policy and budget
 
     @classmethod
@@ -58,12 +58,12 @@ class KvConfig:
         for t in (k, v):
             if t not in CACHE_TYPES:
                 raise UsageError(f"unknown cache type '{t}' in '{spec}' (known: {', '.join(CACHE_TYPES)})")
-        env: list[tuple[str, str]] = []
-        for o in filter(None, opts.split("+")):
-            if o not in OPTIONS:
-                raise UsageError(f"unknown option '@{o}' in '{spec}' (known: {', '.join('@' + k for k in OPTIONS)})")
-            env.append(OPTIONS[o])
-        return cls(k, v, tuple(env))
+        names = tuple(filter(None, opts.split("+")))
+        for o in names:
+            if o not in OPTIONS and o not in ENV_OPTIONS:
+                known = ", ".join("@" + k for k in (*OPTIONS, *ENV_OPTIONS))
+                raise UsageError(f"unknown option '@{o}' in '{spec}' (known: {known})")
+        return cls(k, v, names)
 
     @classmethod
     def parse_list(cls, specs: str) -> list[KvConfig]:
@@ -71,7 +71,7 @@ class KvConfig:
 
     @property
     def name(self) -> str:
-        opts = "+".join(k for e in self.env for k, val in OPTIONS.items() if val == e)
+        opts = "+".join(self.opts)
         return f"{self.k}/{self.v}" + (f"@{opts}" if opts else "") + (f" {self.label}" if self.label else "")
 
     @property
@@ -85,7 +85,11 @@ class KvConfig:
 
     @property
     def flags(self) -> list[str]:
-        return ["-ctk", self.k, "-ctv", self.v]
+        return ["-ctk", self.k, "-ctv", self.v, *(a for o in self.opts if o in OPTIONS for a in OPTIONS[o]), *self.args]
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        return tuple(ENV_OPTIONS[o] for o in self.opts if o in ENV_OPTIONS)
 
 
 def tool(name: str) -> Path:
@@ -182,3 +186,19 @@ def eviction_check(log: str, rc: int) -> tuple[int | None, str]:
     if ev is None:
         return None, ""
     return ev.rounds, (INVALID_NO_EVICTION if rc == 0 and ev.rounds == 0 else "")
+
+
+def pyplot() -> ModuleType | None:
+    """matplotlib.pyplot, headless; None (after saying how to get it) where matplotlib is not installed: the PNGs
+    need the [plot] extra, the tables and JSON do not."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("no PNG: matplotlib is not installed (pip install \"llama-tq[plot]\", or pip install matplotlib)",
+              file=sys.stderr)  # fmt: skip
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+

@@ -16,7 +16,7 @@ from .. import memory
 from ..cachetypes import is_tq
 from ..errors import UsageError
 from . import niah, ppl
-from .common import KvConfig, progress
+from .common import KvConfig, progress, pyplot
 
 CONFIGS = "f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3"
 TEXT_SOURCE = "Python Language Reference topics shipped with CPython (pydoc_data.topics, PSF License Version 2)"
@@ -114,10 +114,9 @@ def print_table(report: dict[str, object]) -> None:
 
 
 def plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
     from matplotlib.colors import ListedColormap
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})

@@ -7,11 +7,10 @@ evicted cache. Here the score is calibrated on the first `warmup` tokens (256), 
 past the budget (64) after every ubatch of `ubatch` tokens (128, with the protocol's -b 512), and each run reports
 the fraction of scored tokens whose ubatch came after its chunk's first round (`seen`, from the round lines).
 
-Policies (--triatt-hybrid): V3 (2), V2 (1), V1 (0), StreamingLLM (3: the prefix as attention sinks + the most recent
-cells) and random (4: prefix, window and a fixed hash of the position), all at the same budget; V3-nopool is V3
-ranking each cell by its own score (--triatt-pool 0) instead of the library's default pooling (which pools only where
-the free slots hold 96 spans of 17 cells); V3-pool pools at every budget (--triatt-pool-spans 0); V3-top2 pools only
-toward the top 2 % of the scores (--triatt-pool-top 2).
+Policies (--triatt-policy): V3, V2, V1, StreamingLLM (streaming: the prefix as attention sinks + the most recent
+cells) and random (prefix, window and a fixed hash of the position), all at the same budget; V3-nopool is V3 ranking
+each cell by its own score (--triatt-pool 0) instead of the library's default pooling (which pools only where the free
+slots hold 96 spans of 17 cells).
 """
 
 from __future__ import annotations
@@ -21,19 +20,22 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import ppl
-from .common import EVICT_ROUND_POS, KvConfig, progress
+from .common import EVICT_ROUND_POS, KvConfig, progress, pyplot
 
-# name -> TRIATT_* settings (the library's defaults for the rest)
-POLICIES: dict[str, dict[str, int]] = {
-    "V3": {"HYBRID": 2},
-    "V3-nopool": {"HYBRID": 2, "POOL": 0},
-    "V3-pool": {"HYBRID": 2, "POOL_SPANS": 0},
-    "V3-top2": {"HYBRID": 2, "POOL_TOP": 2},
-    "V2": {"HYBRID": 1},
-    "V1": {"HYBRID": 0},
-    "StreamingLLM": {"HYBRID": 3},
-    "random": {"HYBRID": 4},
+# name -> --triatt-* settings (the library's defaults for the rest)
+POLICIES: dict[str, dict[str, str | int]] = {
+    "V3": {"policy": "v3"},
+    "V3-nopool": {"policy": "v3", "pool": 0},
+    "V2": {"policy": "v2"},
+    "V1": {"policy": "v1"},
+    "StreamingLLM": {"policy": "streaming"},
+    "random": {"policy": "random"},
 }
+
+
+def triatt_flags(settings: dict[str, str | int]) -> tuple[str, ...]:
+    """{"budget": 512, "pool_spans": 0} -> ("--triatt-budget", "512", "--triatt-pool-spans", "0")."""
+    return tuple(a for k, v in settings.items() for a in (f"--triatt-{k.replace('_', '-')}", str(v)))
 
 
 def seen_fraction(log: str, ctx: int) -> float | None:
@@ -58,20 +60,18 @@ def configs(
     caches: list[KvConfig],
     ctx: int,
     budgets: tuple[int, ...],
-    policies: dict[str, dict[str, int]],
+    policies: dict[str, dict[str, str | int]],
     warmup: int,
     divide: int,
 ) -> list[KvConfig]:
-    """Per cache: the cache without eviction, then each budget x policy (settings through the TRIATT_* env)."""
+    """Per cache: the cache without eviction, then each budget x policy (settings as --triatt-* flags)."""
     out: list[KvConfig] = []
     for cache in caches:
         out.append(cache)
         for pct in budgets:
             for name, settings in policies.items():
-                env = (("TRIATT_BUDGET", str(ctx * pct // 100)),
-                       *((f"TRIATT_{k}", str(v)) for k, v in settings.items()),
-                       ("TRIATT_WARMUP", str(warmup)), ("TRIATT_DIVIDE", str(divide)))  # fmt: skip
-                out.append(replace(cache, env=cache.env + env, label=f"{name} {pct}%"))
+                flags = triatt_flags({"budget": ctx * pct // 100, **settings, "warmup": warmup, "divide": divide})
+                out.append(replace(cache, args=cache.args + flags, label=f"{name} {pct}%"))
     return out
 
 
@@ -83,7 +83,7 @@ def run(
     ctx: int = 2048,
     chunks: int = 3,
     budgets: tuple[int, ...] = (25, 50, 75),
-    policies: dict[str, dict[str, int]] | None = None,
+    policies: dict[str, dict[str, str | int]] | None = None,
     ubatch: int = 128,
     warmup: int = 256,
     divide: int = 64,
@@ -103,7 +103,7 @@ def run(
     meta = {"model": str(model), "text": str(text), "ctx": ctx, "chunks": chunks, "ubatch": ubatch,
             "warmup": warmup, "divide": divide,
             "protocol": f"llama-perplexity -c {ctx} -b 512 -ub {ubatch} --chunks {chunks} -fa on, KLD vs f16 (same "
-                        f"run); TRIATT_WARMUP={warmup} TRIATT_DIVIDE={divide}"}  # fmt: skip
+                        f"run); --triatt-warmup {warmup} --triatt-divide {divide}"}  # fmt: skip
     report = {"meta": meta, "rows": rows}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evict.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -146,10 +146,9 @@ def summary(report: dict[str, object]) -> str:
 
 
 def plot(report: dict[str, object], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     rows: list[dict[str, object]] = report["rows"]  # type: ignore[assignment]
     fig, ax = plt.subplots(figsize=(7, 4.5))

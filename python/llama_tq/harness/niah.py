@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import LlamaTqError, UsageError
-from .common import LOG_FLAGS, NIAH_FLAGS, KvConfig, eviction_check, progress, run_tool, tool
+from .common import LOG_FLAGS, NIAH_FLAGS, KvConfig, eviction_check, progress, pyplot, run_tool, tool
 
 DEFAULT_NEEDLE = "The secret code word is PURPLE ELEPHANT 7742."
 POSITIONS = {"start": 0.05, "middle": 0.5, "end": 0.95}
@@ -303,10 +303,9 @@ def write_outputs(results: list[NiahResult], out_dir: Path, meta: dict[str, obje
 
 
 def plot_heatmap(results: list[NiahResult], path: Path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
     from matplotlib.colors import ListedColormap
 
     configs, positions, cell = grid(results)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..cachetypes import is_tq
 from ..errors import ProtocolError, RunError
-from .common import LOG_FLAGS, MIN_CHUNKS, PPL_BATCH, KvConfig, eviction_check, progress, run_tool
+from .common import LOG_FLAGS, MIN_CHUNKS, PPL_BATCH, KvConfig, eviction_check, progress, pyplot, run_tool
 
 
 @dataclass
@@ -176,10 +176,9 @@ def write_outputs(results: list[RunResult], out_dir: Path, meta: dict[str, objec
 
 
 def plot_kld_vs_bits(results: list[RunResult], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results[1:]:

@@ -1,8 +1,8 @@
 """`llama-tq v3`: the TriAttention V3 validation matrix, on the same protocols as `ppl` and `niah`.
 
-1. PPL / KLD at `ctx` with `-b 512 --chunks 3` for each cache, without eviction and with V3 (`--triatt-hybrid 2`)
+1. PPL / KLD at `ctx` with `-b 512 --chunks 3` for each cache, without eviction and with V3 (`--triatt-policy v3`)
    at each retention (budget = retention x ctx); an eviction run whose log shows no round is INVALID.
-2. Cloze NIAH at `niah_ctx` with the needle at start / middle / end: no eviction, V1 (hybrid 0) and V3 at
+2. Cloze NIAH at `niah_ctx` with the needle at start / middle / end: no eviction, V1 and V3 at
    `niah_retention`.
 Writes v3.json (every row of every run) and v3.md (the summary table), and prints the table.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from . import niah, ppl
 from .common import KvConfig, progress
 
-POLICIES = {"none": None, "V1": 0, "V3": 2}  # NIAH policies -> --triatt-hybrid
+POLICIES = {"none": None, "V1": "v1", "V3": "v3"}  # NIAH policies -> --triatt-policy
 
 
 def run(
@@ -36,15 +36,15 @@ def run(
     report: dict[str, object] = {"model": str(model), "text": str(text), "ctx": ctx, "niah_ctx": niah_ctx,
                                  "flags": flags, "ppl": {}, "niah": {}}  # fmt: skip
     for pct in (0, *retentions):
-        evict = [] if pct == 0 else ["--triatt-budget", str(ctx * pct // 100), "--triatt-hybrid", "2", *flags]
+        evict = [] if pct == 0 else ["--triatt-budget", str(ctx * pct // 100), "--triatt-policy", "v3", *flags]
         progress(f"== v3: PPL at {pct}% retention" if pct else "== v3: PPL without eviction")
         rows = ppl.run_matrix(model, text, caches, ctx=ctx, chunks=3, threads=threads, evict_args=evict,
                               out_dir=out_dir / f"ppl_{pct}")  # fmt: skip
         report["ppl"][str(pct)] = [asdict(r) for r in rows]  # type: ignore[index]
     budget = niah_ctx * niah_retention // 100
     needle = niah.Needle.parse(niah.DEFAULT_NEEDLE)
-    for policy, hybrid in POLICIES.items():
-        extra = [] if hybrid is None else ["--triatt-budget", str(budget), "--triatt-hybrid", str(hybrid), *flags]
+    for policy, name in POLICIES.items():
+        extra = [] if name is None else ["--triatt-budget", str(budget), "--triatt-policy", name, *flags]
         progress(f"== v3: NIAH at {niah_ctx} tokens, policy {policy}")
         rows_n = niah.run_grid(model, haystack, [KvConfig("f16", "f16")], niah_ctx,
                                niah.parse_positions("start,middle,end"), needle, threads=threads, extra_args=extra,

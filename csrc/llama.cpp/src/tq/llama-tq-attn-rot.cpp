@@ -1,18 +1,20 @@
 // llama-tq: see llama-tq-attn-rot.h.
 #include "llama-tq-attn-rot.h"
 
+#include "llama-tq-params.h"
 #include "llama-tq-types.h"
 
-#include <cstdlib>
-#include <cstring>
 
 bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_transformed) {
     if (!llama_tq_is_tq(type)) {
         return true;
     }
-    const char * env = std::getenv("LLAMA_TQ_ATTN_ROT");
-    if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
-        return std::strcmp(env, "1") == 0 || std::strcmp(env, is_k ? "k" : "v") == 0;
+    switch (llama_tq_params_for_new_cache().attn_rot) {  // --tq-attn-rot (llama_init_from_model_tq)
+        case LLAMA_TQ_ATTN_ROT_NONE: return false;
+        case LLAMA_TQ_ATTN_ROT_BOTH: return true;
+        case LLAMA_TQ_ATTN_ROT_K:    return is_k;
+        case LLAMA_TQ_ATTN_ROT_V:    return !is_k;
+        default:                     break;  // the measured default below
     }
     if (type == GGML_TYPE_TQ3_64 || type == GGML_TYPE_TQ4_64) {
         return false; // heads of 64 x odd: upstream's Hadamard is 64-point, within our own 64-value blocks

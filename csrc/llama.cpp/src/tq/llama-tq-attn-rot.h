@@ -10,8 +10,8 @@
 // bench/results/attn_rot_centered/), nor with equalization (0.0883 without, 0.0907 with). Off for tq3 V
 // (q8_0/tq3 0.0231 -> 0.0242 with it) and for tq4 (tq4/tq4 0.081; K 0.085, V 0.084, both 0.091 with it;
 // equalized: 0.0243, 0.0245 with it on K). Off also saves a Hadamard mat-mul of Q and of K per layer.
-// The override is `--tq-attn-rot` (common args), whose value reaches libllama as LLAMA_TQ_ATTN_ROT=auto|0|1|k|v
-// (auto = the measured default; none, both, K only, V only).
+// The override is llama_tq_params.attn_rot (`--tq-attn-rot auto|0|1|k|v` in the common args: the measured default;
+// none, both, K only, V only), read while a context makes its caches (llama-tq-params.h).
 // The 64-value blocks (heads of 64, 192, ...: 64 x an odd number) get it off on both sides: there upstream's
 // Hadamard is the largest power of two dividing the head, 64, so it only re-rotates each of our blocks (head-64
 // synthetic model on the H100, bench/results/cuda/head64/: tq3 K 0.0987 with it vs 0.0984 without, V 0.111 with

@@ -1,5 +1,6 @@
 // llama-tq: see llama-tq-keys.h.
 #include "llama-tq-keys.h"
+#include "llama-tq-params.h"
 
 #include "llama-graph.h"
 #include "llama-impl.h"
@@ -12,7 +13,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -298,41 +298,13 @@ llama_tq_keys::~llama_tq_keys() {
 }
 
 void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
-    const char * env = std::getenv("LLAMA_TQ_KEYS");
-    const std::string mode = env != nullptr && *env != '\0' ? env : "auto";
+    const int32_t mode = llama_tq_params_for_new_cache().keys;  // --tq-keys (llama_init_from_model_tq)
     center = equalize = matrix = false;
-    const char * off = std::getenv("LLAMA_TQ_KEYS_TEST_OFFSET");
-    test_offset = off != nullptr ? std::strtof(off, nullptr) : 0.0f;
-    emu_alpha = 0.0f;
-    const char * emu = std::getenv("LLAMA_TQ_KEYS_EMULATE");
-    if (emu != nullptr && *emu != '\0' && (type_k == GGML_TYPE_F16 || type_k == GGML_TYPE_F32)) {
-        const std::string e = emu;
-        const size_t colon = e.find(':');
-        const std::string tname = e.substr(0, colon);
-        emu_type = tname == "tq3" ? GGML_TYPE_TQ3 : tname == "tq4" ? GGML_TYPE_TQ4 : GGML_TYPE_COUNT;
-        emu_alpha = colon == std::string::npos ? 0.0f : std::strtof(e.c_str() + colon + 1, nullptr);
-        if (emu_type == GGML_TYPE_COUNT || !(emu_alpha > 0.0f && emu_alpha <= 4.0f)) {
-            throw std::runtime_error("LLAMA_TQ_KEYS_EMULATE must be tq3:a or tq4:a with 0 < a <= 4 (got '" + e + "')");
-        }
-    }
-    const bool tq = llama_tq_is_tq(type_k) || emu_alpha > 0.0f;
-    if (mode != "auto" && mode != "0" && mode != "1" && mode != "mean" && mode != "eq" && mode != "matrix") {
-        throw std::runtime_error("LLAMA_TQ_KEYS must be auto, 0, 1, mean, eq or matrix (got '" + mode + "')");
-    }
-    if (!allowed || !tq) {
-        test_offset = 0.0f;
-        emu_alpha = 0.0f;
-        return;
-    }
-    if (hp.is_mla() || hp.n_layer() == 0) {
-        emu_alpha = 0.0f;
+    const bool tq = llama_tq_is_tq(type_k);
+    if (!allowed || !tq || hp.is_mla() || hp.n_layer() == 0) {
         return;
     }
     head_dim = hp.n_embd_head_k(0);
-    if (emu_alpha > 0.0f && head_dim % 128 != 0) {  // the emulated type's 128-value blocks
-        throw std::runtime_error("LLAMA_TQ_KEYS_EMULATE needs heads of a multiple of 128 values (head " +
-                                 std::to_string(head_dim) + ")");
-    }
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
@@ -341,33 +313,25 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
         if (hp.n_embd_head_k(il) != head_dim || (hp.has_rope(il) && (int64_t) hp.n_rot(il) != head_dim)) {
             LLAMA_LOG_WARN("%s: key transforms off: layer %u has head %u, RoPE over %u dims\n", __func__, il,
                            hp.n_embd_head_k(il), hp.n_rot(il));
-            emu_alpha = 0.0f;
             return;
         }
     }
-    center = mode != "eq" && mode != "0";
-    equalize = mode != "mean" && mode != "0" && (hp.rope_type == LLAMA_ROPE_TYPE_NORM || hp.rope_type == LLAMA_ROPE_TYPE_NEOX);
-    matrix = equalize && mode == "matrix";
+    center = mode != LLAMA_TQ_KEYS_EQ && mode != LLAMA_TQ_KEYS_NONE;
+    equalize = mode != LLAMA_TQ_KEYS_MEAN && mode != LLAMA_TQ_KEYS_NONE &&
+               (hp.rope_type == LLAMA_ROPE_TYPE_NORM || hp.rope_type == LLAMA_ROPE_TYPE_NEOX);
+    matrix = equalize && mode == LLAMA_TQ_KEYS_MATRIX;
     if (center && hp.attn_soft_cap) {
         center = false;  // tanh(logit / cap) does not ignore a common shift
-    }
-    if (test_offset > 0.0f) {
-        LLAMA_LOG_WARN("%s: testing: every TQ key gets a common offset of norm %g (LLAMA_TQ_KEYS_TEST_OFFSET)\n",
-                       __func__, test_offset);
-    }
-    if (emu_alpha > 0.0f) {
-        LLAMA_LOG_WARN("%s: measuring: 16-bit keys hold k + %g (%s(k) - k) (LLAMA_TQ_KEYS_EMULATE)\n", __func__,
-                       emu_alpha, ggml_type_name(emu_type));
     }
     if (!center && !equalize) {
         return;
     }
-    LLAMA_LOG_INFO("%s: TQ key transforms: centering %s, equalization %s (LLAMA_TQ_KEYS=%s)\n", __func__,
-                   center ? "on" : "off", equalize ? (matrix ? "on (matrix)" : "on") : "off", mode.c_str());
+    LLAMA_LOG_INFO("%s: TQ key transforms: centering %s, equalization %s (--tq-keys)\n", __func__,
+                   center ? "on" : "off", equalize ? (matrix ? "on (matrix)" : "on") : "off");
 }
 
 void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa) {
-    if (center || equalize || test_offset > 0.0f || emu_alpha > 0.0f) {
+    if (center || equalize) {
         layers[il] = layer{il, n_embd_k_gqa, buft, nullptr, {}};
     }
 }
@@ -419,23 +383,6 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
         }
         ggml_backend_tensor_set(L.t, L.s.data(), ROW_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         ggml_backend_tensor_set(L.t, inv.data(), ROW_INV_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
-        if (test_offset > 0.0f) {  // a fixed Gaussian direction per (layer, head) on the slow pairs, norm test_offset
-            const std::vector<float> test_keep = slow_pairs(model, il, L.n, head_dim, model.hparams.n_ctx_train);
-            std::mt19937 rng((uint32_t) il + 1);
-            std::normal_distribution<float> gauss;
-            std::vector<float> o((size_t) L.n);
-            for (int64_t h = 0; h < L.n / head_dim; ++h) {
-                double ss = 0.0;
-                for (int64_t c = 0; c < head_dim; ++c) {  // where a K bias added before RoPE stays put after it
-                    o[h * head_dim + c] = gauss(rng) * test_keep[h * head_dim + c];
-                    ss += (double) o[h * head_dim + c] * o[h * head_dim + c];
-                }
-                for (int64_t c = 0; c < head_dim; ++c) {
-                    o[h * head_dim + c] = ss > 0.0 ? (float) (o[h * head_dim + c] * test_offset / std::sqrt(ss)) : 0.0f;
-                }
-            }
-            ggml_backend_tensor_set(L.t, o.data(), ROW_TEST_OFFSET * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
-        }
     }
     set_center_span(model, n_pos);
     if (equalize && n_eq == 0 && !matrix) {
@@ -494,9 +441,6 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     const int64_t hkv = L.n / head_dim;
     const size_t f = sizeof(float);
     ensure_basis();
-    if (test_offset > 0.0f) {
-        k = ggml_add(ctx, k, row(ctx, L, ROW_TEST_OFFSET));
-    }
     if (equalize && L.m != nullptr) {
         q = mat_mul_heads(ctx, L, MAT_INV_T, q);
     } else if (equalize) {
@@ -531,11 +475,6 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     }
     if (equalize) {
         k = L.m != nullptr ? mat_mul_heads(ctx, L, MAT_A, k) : ggml_mul(ctx, k, row(ctx, L, ROW_S));
-    }
-    if (emu_alpha > 0.0f) {  // measuring: k + a (q(k) - k) through the TQ type's own quantize and dequantize
-        k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
-        ggml_tensor * back = ggml_cast(ctx, ggml_cast(ctx, k, emu_type), GGML_TYPE_F32);
-        k = ggml_add(ctx, k, ggml_scale(ctx, ggml_sub(ctx, back, k), emu_alpha));
     }
 }
 
@@ -572,8 +511,7 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
         }
     }
     std::vector<result> out(todo.size());
-    const char * env_shrink = std::getenv("LLAMA_TQ_KEYS_BASIS_SHRINK");
-    const double shrink = env_shrink != nullptr ? std::atof(env_shrink) : 0.5;
+    const double shrink = 0.5;  // off-diagonal moments halved: the weights' estimate of how channels co-vary is rough
     auto one = [&](size_t t) {  // host reads and math only: several layers at once
         const layer & L = *todo[t];
         const int32_t il = L.il;
@@ -761,14 +699,14 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
     uint32_t flags = 0;
     io.read(&magic, sizeof(magic));
     if (magic != TQ_KEYS_MAGIC) {
-        LLAMA_LOG_ERROR("%s: the state has no TQ key transform section (saved with LLAMA_TQ_KEYS=0 or by another "
+        LLAMA_LOG_ERROR("%s: the state has no TQ key transform section (saved with --tq-keys 0 or by another "
                         "build); restore it with the same setting\n", __func__);
         return false;
     }
     io.read(&flags, sizeof(flags));
     if ((flags & 11u) != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u))) {
         LLAMA_LOG_ERROR("%s: the state was saved with other TQ key transforms (flags %u; this cache: centering %d, "
-                        "equalization %d, matrix %d; see LLAMA_TQ_KEYS)\n", __func__, flags, center, equalize, matrix);
+                        "equalization %d, matrix %d; see --tq-keys)\n", __func__, flags, center, equalize, matrix);
         return false;
     }
     uint32_t span = basis_span;
@@ -796,7 +734,7 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
     }
     if (differs && mu_ready && cache_has_other_keys) {
         LLAMA_LOG_ERROR("%s: this cache holds other sequences' keys centered on a different key mean than the saved "
-                        "ones; restore into an emptied cache (or use LLAMA_TQ_KEYS=eq, which stores no mean)\n", __func__);
+                        "ones; restore into an emptied cache (or use --tq-keys eq, which stores no mean)\n", __func__);
         return false;
     }
     if (matrix && span != basis_span && model_ != nullptr) {

@@ -20,22 +20,14 @@
 // Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
-// Key basis (LLAMA_TQ_KEYS=matrix): instead of the diagonal s, a full matrix A per (layer, KV head) stores A (k - mu)
+// Key basis (--tq-keys matrix): instead of the diagonal s, a full matrix A per (layer, KV head) stores A (k - mu)
 // and uses A^-T q (exact for any invertible A). A minimizes the logit error of TQ's isotropic quantization error
 // (A^T A = Sk^-1 # Sq, the matrix geometric mean) for key and query second moments estimated from the weights
 // (W diag(g_attn_norm^2) W^T per head, RMS-normalized and scaled by the QK-norm gains where the model has them) and
 // averaged over the RoPE rotations of the cache's positions: deterministic from the model and n_ctx (the state
 // stores n_ctx). Costs two small mat-muls per layer; layers whose weights cannot be read back keep the diagonal s.
-// Off-diagonal moments are scaled by 1 - f, f = LLAMA_TQ_KEYS_BASIS_SHRINK (default 0.5; a measurement knob,
-// bench/results/key_basis/).
-// Policy: on for tq3/tq4 K by default; LLAMA_TQ_KEYS=auto|0|mean|eq|1|matrix (common arg --tq-keys) overrides it.
-// Testing: LLAMA_TQ_KEYS_TEST_OFFSET=x adds a fixed pseudo-random vector of L2 norm x per head to every key (after
-// RoPE, before the transforms) on the RoPE pairs where a K bias added before RoPE stays a common offset after it
-// (those that turn by at most 1 rad over the trained context; layers without such pairs get none), as a large
-// K bias would: tests/test_tq_keys.py. A bias on faster pairs rotates with the position: no fixed mu removes it.
-// Measuring: LLAMA_TQ_KEYS_EMULATE=tq3:a with an f16/f32 K cache applies the transforms of TQ keys (as for tq3) and
-// stores k + a (tq3(k) - k): tq3's own error scaled by a, to ask how much smaller a 3-bit key error would have to be
-// (bench/results/key_error_scale/). Not a cache type: the cache holds 16-bit keys.
+// Off-diagonal moments are halved (bench/results/key_basis/).
+// Policy: on for tq3/tq4 K by default; llama_tq_params.keys (--tq-keys auto|0|mean|eq|1|matrix) overrides it.
 #pragma once
 
 #include "ggml-backend.h"
@@ -65,7 +57,7 @@ public:
     // cache holds fewer cells than the positions it sees: its owner passes the full context.
     void set_center_span(const llama_model & model, uint32_t n_pos);
 
-    bool enabled() const { return center || equalize; }  // the transforms (not the test offset) are on
+    bool enabled() const { return center || equalize; }
     // Equalized keys take upstream's Hadamard rotation on K off by default (llama-tq-attn-rot.h: measured, and it
     // saves two mat-muls per layer).
     bool equalizes() const { return equalize; }
@@ -113,14 +105,11 @@ private:
     ggml_tensor * mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const;
     void compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset = false) const;
     void ensure_basis() const;
-    enum row_id { ROW_MU, ROW_S, ROW_INV_S, ROW_TEST_OFFSET, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
+    enum row_id { ROW_MU, ROW_S, ROW_INV_S, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
     const layer * find(int32_t il) const;  // nullptr where layer il has no transforms
     ggml_tensor * row(ggml_context * ctx, const layer & L, row_id r) const;
 
     bool center = false;
-    float test_offset = 0.0f;
-    float emu_alpha = 0.0f;                  // LLAMA_TQ_KEYS_EMULATE: the scale of the emulated error (0: off)
-    ggml_type emu_type = GGML_TYPE_COUNT;    // ... of this TQ type
     bool equalize = false;
     bool matrix = false;       // equalization by a full matrix per KV head (the key basis)
     mutable uint32_t basis_span = 0;  // the positions the basis was averaged over (0: not computed yet)

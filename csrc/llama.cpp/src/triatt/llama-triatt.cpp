@@ -750,19 +750,27 @@ void llama_triatt::evict_seq(int32_t seq) {
                     (ggml_time_us() - t_select) / 1e3);
 }
 
-// ---- the C API (include/llama.h) -----------------------------------------------------------------------------------
+// ---- the C API (include/llama-tq.h) -----------------------------------------------------------------------------------
+
+// Field by field, by name (triatt_params.h): the public struct has the retired slots, the engine's config does not.
+#define LLAMA_TRIATT_SKIP(field)
 
 llama_triatt_params llama_triatt_default_params(void) {
     triatt_config c;
-    triatt_config_default(&c);  // the one definition of the defaults (triatt.c)
-    return {c.budget, c.hybrid, c.prefix, c.window, c.segments, c.divide, c.warmup, c.boundary_skip, c.pool, c.pool_top,
-            c.pool_spans};
+    triatt_config_default(&c);  // the one definition of the defaults (triatt_params.h)
+    llama_triatt_params p = {};
+#define LLAMA_TRIATT_COPY(field, def, flag, hint, help) p.field = c.field;
+    TRIATT_PARAMS(LLAMA_TRIATT_COPY, LLAMA_TRIATT_SKIP)
+#undef LLAMA_TRIATT_COPY
+    return p;
 }
 
 int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * params, char * err, size_t err_size) {
     const llama_triatt_params p = params != nullptr ? *params : llama_triatt_default_params();
-    const triatt_config cfg = {p.budget, p.hybrid, p.prefix, p.window, p.segments, p.divide, p.warmup, p.boundary_skip,
-                               p.pool, p.pool_top, p.pool_spans};
+    triatt_config cfg;
+#define LLAMA_TRIATT_COPY(field, def, flag, hint, help) cfg.field = p.field;
+    TRIATT_PARAMS(LLAMA_TRIATT_COPY, LLAMA_TRIATT_SKIP)
+#undef LLAMA_TRIATT_COPY
     std::string msg;
     std::unique_ptr<llama_triatt> t;
     char check[256];
@@ -787,8 +795,6 @@ int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * 
             LLAMA_LOG_INFO("triatt: pooling off at this budget: its %lld free slots hold fewer than %d spans of %d "
                            "cells (--triatt-pool-spans 0 pools always)\n", (long long) triatt_free_slots(&cfg),
                            cfg.pool_spans, 2 * cfg.pool + 1);
-        } else if (triatt_pool_peaks_only(&cfg)) {
-            LLAMA_LOG_INFO("triatt: pooling only toward the top %d %% of the scores\n", cfg.pool_top);
         }
     }
     ctx->set_triatt(std::move(t));  // budget 0: eviction off

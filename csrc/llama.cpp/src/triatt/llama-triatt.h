@@ -1,7 +1,7 @@
 // TriAttention V3 eviction inside libllama: query capture, calibration, scoring of cached keys and eviction rounds.
 // The algorithms are in triatt.c; this file only connects them to llama_context (two hooks) and the KV cache.
 //
-// It also holds the C API of include/llama.h (llama_triatt_default_params, llama_triatt_configure, ...).
+// It also holds the C API of include/llama-tq.h (llama_triatt_default_params, llama_triatt_configure, ...).
 //
 // Log format (parsed by llama_tq.harness.common; keep them in step; the policy is V1, V2, V3, StreamingLLM or random):
 //   info, when configured:  triatt: V3 eviction on: budget B, prefix P, window W, segments S, divide D, warmup U
@@ -26,7 +26,7 @@
 
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
-#include "llama.h"
+#include "llama-tq.h"
 #include "triatt.h"
 
 struct llama_model;

@@ -191,24 +191,8 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
                                                                 const __grid_constant__ tq_cu_tables tab) {
     __shared__ tq_cu_tables t;
     __shared__ tq_cu_qscratch sm;
-    TQ_STAMP_ENTER(); // tq-stamps.cuh: fields 0 first entry, 1 first wait's return, 2 last one's, 7 last exit
-    TQ_STAMP_MIN(0);
     tq_cu_tables_load<N, tq_cu_table_words<N>()>(t, tab, threadIdx.x);
     tq_pdl_wait();
-    TQ_STAMP_MIN(1);
-    TQ_STAMP_MAX(2);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (N == TQ_BLOCK) { // the blocks the tensor-core FA kernel reads next
-        // On some H100s an FA kernel launched (by the trigger below) less than ~1.2 us after this write started runs
-        // its own prologue and tile loop up to 2x slower, by layer; launched later it does not. A 1 us sleep here
-        // puts it at ~1.3 us: a decode step at d0 520.8 -> 517.3 us (tq3), 529.6 -> 521.3 (tq4) on such a machine,
-        // better than triggering part-way through quantizing (NOTES.md v22, v23). Decode-sized writes only: a
-        // prefill ubatch's write (thousands of blocks, several waves) would pay it in every wave.
-        if (gridDim.x <= 256) {
-            __nanosleep(1000);
-        }
-    }
-#endif
     tq_pdl_trigger(); // the FA kernel that reads these blocks may build its pair tables meanwhile
     if ((int64_t) blockIdx.x < j0.n) { // uniform over the CTA
         tq_quantize_rows_block<B0, N, float, idx_t>(t, sm, j0.src, j0.ids, j0.dst, j0.sh, blockIdx.x, threadIdx.x,
@@ -217,7 +201,6 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
         tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x,
                                                     j1.mu, j1.s, &j1.rope);
     }
-    TQ_STAMP_LEAVE();
 }
 
 template <typename src_t, typename idx_t>
@@ -939,10 +922,7 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
 // buffer is never cleared after its allocation, and a stream handle that a later context reuses finds it ready.
 // Keyed by stream, so kernels of two contexts running at once never share a counter.
 unsigned * ggml_cuda_tq_fa_counters(ggml_backend_cuda_context & ctx, size_t n) {
-    static const bool on = [] {
-        const char * e = getenv("LLAMA_TQ_CUDA_FUSED_MERGE");
-        return e == nullptr || atoi(e) != 0;
-    }();
+    static const bool on = !tq_env_flag(TQ_ENV_CUDA_FUSED_MERGE_DISABLE);
     constexpr size_t N = TQ_FA_DONE_COUNTERS;
     if (!on || n > N) {
         return nullptr;

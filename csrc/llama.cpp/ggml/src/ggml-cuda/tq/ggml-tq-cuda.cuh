@@ -4,7 +4,7 @@
 
 #include "common.cuh"
 #include "convert.cuh"
-#include "tq-stamps.cuh"
+#include "tq_env.h"
 
 #include <cstdlib>
 #include <utility>
@@ -12,14 +12,11 @@
 // Launches a kernel of a decode step (the fused K/V write, the tensor-core FA kernel) as upstream launches its own:
 // with programmatic dependent launch on sm_90+ (ggml_cuda_kernel_launch; off with GGML_CUDA_PDL=0), so the step's
 // chain of small kernels does not stall at ours. The kernels wait (tq_pdl_wait) before they touch graph memory and
-// let the next kernel launch (tq_pdl_trigger) once little of their work is left. LLAMA_TQ_CUDA_PDL=0: plain launches.
+// let the next kernel launch (tq_pdl_trigger) once little of their work is left. LLAMA_TQ_CUDA_PDL_DISABLE=1: plain
+// launches (tq_env.h).
 template <typename Kernel, typename... Args>
 static void tq_launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream, Args &&... args) {
-    static const bool pdl = [] {
-        const char * e = getenv("LLAMA_TQ_CUDA_PDL");
-        return e == nullptr || atoi(e) != 0;
-    }();
-    TQ_STAMPS_REGISTER(); // a -DTQ_STAMPS build: this unit's in-graph timestamps are written at exit
+    static const bool pdl = !tq_env_flag(TQ_ENV_CUDA_PDL_DISABLE);
     if (pdl) {
         ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, block, (size_t) 0, stream),
                                 std::forward<Args>(args)...);
@@ -63,5 +60,5 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst);
 bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 // n zeroed counters for the tensor-core decode's fused merge on ctx's current stream (tq_fa_params::done), or nullptr
 // (the merge kernel runs): more than a buffer holds, the stream first seen during a graph capture, or
-// LLAMA_TQ_CUDA_FUSED_MERGE=0.
+// LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE=1 (tq_env.h).
 unsigned * ggml_cuda_tq_fa_counters(ggml_backend_cuda_context & ctx, size_t n);

@@ -18,11 +18,6 @@
 
 #include "tq_codec.h"
 
-// Phase hooks of the 128-value quantizer (lab/cuda/quant_phases_bench.cu defines them to take clock stamps).
-#ifndef TQ_QPHASE
-#define TQ_QPHASE(k)
-#endif
-
 // Programmatic dependent launch (tq_launch in ggml-tq-cuda.cuh): a kernel launched with the attribute may start
 // while its predecessor still runs, so it must call tq_pdl_wait() before it reads or writes memory of the graph
 // (before: only its parameters and shared memory). tq_pdl_trigger() lets the next kernel launch; that one still
@@ -334,7 +329,6 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
     sm.d[0][tid] = __dmul_rn(tq_f2d(x), tq_f2d(x));
     __syncthreads();
     const double ss = tq_cu_canon_sum<TQ_BLOCK>(sm.d[0], lane); // every warp the same sum: no broadcast
-    TQ_QPHASE(2);
 
     uint32_t idx = 0, pick = 0;
     uint16_t scale_bits = 0;
@@ -360,7 +354,6 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
         y = tq_fmul(y, TQ_WHT_NORM);
         sm.y[w][lane] = y;
         __syncthreads();
-        TQ_QPHASE(3);
 
         {
             const uint32_t j = (uint32_t) lane >> 1;
@@ -400,7 +393,6 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             }
             pick = jb;
         }
-        TQ_QPHASE(4);
         idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         // least-squares scale: the codec's canonical double sums over the block (exact products)
@@ -417,7 +409,6 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             }
             scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
         }
-        TQ_QPHASE(5);
     }
 
     sm.idx[tid] = (uint8_t) idx;

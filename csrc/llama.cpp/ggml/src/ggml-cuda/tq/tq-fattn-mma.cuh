@@ -20,7 +20,6 @@
 #pragma once
 
 #include "tq-fattn-decode.cuh"
-#include "tq-stamps.cuh"
 
 #define TQ_MMA_WARPS  4
 #define TQ_MMA_KEYS   16 // keys per warp tile
@@ -199,18 +198,6 @@ static __device__ __forceinline__ void tq_mma_single_pass_fac(const tq_fa_params
     }
 }
 
-#ifdef TQ_FA_PHASES // lab/cuda/fa_decode_bench.cu `phases`: thread 0's clock at the kernel's barriers, per block
-__device__ long long tq_fa_phase_clk[64][8];
-#define TQ_FA_PHASE(i)                                                                                  \
-    do {                                                                                                \
-        const unsigned b_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);             \
-        if (threadIdx.x == 0 && b_ < 64) {                                                              \
-            tq_fa_phase_clk[b_][i] = clock64();                                                         \
-        }                                                                                               \
-    } while (0)
-#else
-#define TQ_FA_PHASE(i) ((void) 0)
-#endif
 
 template <int D, int TK, int TV>
 __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCKS : 2) tq_fa_mma_kernel(const tq_fa_params p) {
@@ -243,9 +230,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     const int g = lane >> 2, t = lane & 3;
     const int kvh = blockIdx.y / p.n_groups, grp = blockIdx.y % p.n_groups, z = blockIdx.z;
     const int C = p.tpg * p.gqa; // valid columns (<= 8)
-    TQ_FA_PHASE(0);
-    TQ_STAMP_ENTER(); // tq-stamps.cuh: fields 0 first entry, 1-2 block 0 around its wait, 3 last wait's return,
-    TQ_STAMP_MIN(0);  // 4 block 0's query fragments done, 5 its tiles done, 6 its output written, 7 last exit
 
     // pair tables: entry e = a | b << bits holds half2(c[a], c[b]); built before the wait for the previous kernel
     // (the K/V write, launched with PDL: tq_launch), so they overlap its tail
@@ -257,10 +241,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         sub[tid] = p.tab.sub[tid];
     }
     if (!p.q_early) {
-        TQ_STAMP_BLOCK0(1);
         tq_pdl_wait();
-        TQ_STAMP_BLOCK0(2);
-        TQ_STAMP_MAX(3);
     }
 
     // the query, rotated and scaled, in the permuted coordinate order of the K fragments (rows g >= C: zero).
@@ -321,10 +302,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             }
         }
         if (p.q_early) { // the K/V tiles (the new token's cell) only after the write has finished
-            TQ_STAMP_BLOCK0(1);
             tq_pdl_wait();
-            TQ_STAMP_BLOCK0(2);
-            TQ_STAMP_MAX(3);
         }
         float * qs = reinterpret_cast<float *>(stage); // [8][D] scratch before the main loop
 #pragma unroll
@@ -332,7 +310,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             qs[tid + NT * u] = qv[u] * p.scale;
         }
         __syncthreads();
-        TQ_FA_PHASE(1);
         for (int r = warp; r < 8 * NB; r += TQ_MMA_WARPS) { // q_rot = H D q / sqrt(128) per 128 slice
             if (r % 8 >= C) {
                 continue; // a padding row: zero, and so is its rotation (warp-uniform)
@@ -350,7 +327,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             }
         }
         __syncthreads();
-        TQ_FA_PHASE(2);
         const float * q = qs + g * D;
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
@@ -370,8 +346,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         __syncthreads(); // qs (the staging buffer) is reused below
     }
-    TQ_FA_PHASE(3);
-    TQ_STAMP_BLOCK0(4);
     const char * lk = reinterpret_cast<const char *>(lutk);
     const char * lv = reinterpret_cast<const char *>(SAME ? lutk : lutv);
     // the lanes' copy offsets, opaque to the compiler: otherwise it re-derives them from the lane id inside every
@@ -614,8 +588,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         __syncwarp(); // the stage just read is refilled by the next iteration's load
     }
     tq_mma_cp_wait<0>();
-    TQ_FA_PHASE(4);
-    TQ_STAMP_BLOCK0(5);
     tq_pdl_trigger(); // the next kernel may launch during the merge and output (~1 us at a short KV)
 
     // ---- merge the warps: column sums over the 8 lanes of a t, then max / sum per column through shared memory
@@ -678,7 +650,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         park(warp);
         tq_mma_single_pass_fac(p, red, fac, kvh, tid);
         __syncthreads();
-        TQ_FA_PHASE(5);
         for (int c = warp; c < C; c += TQ_MMA_WARPS) {
             const int tk = grp * p.tpg + c / p.gqa, h = kvh * p.gqa + c % p.gqa;
             if (tk >= p.n_q) {
@@ -694,9 +665,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             tq_fa_out_row<D, 128>(o, lane, p.tab,
                                   reinterpret_cast<float *>(p.dst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
         }
-        TQ_FA_PHASE(6);
-        TQ_STAMP_BLOCK0(6);
-        TQ_STAMP_LEAVE();
         return;
     }
 #pragma unroll 1
@@ -720,7 +688,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         __syncthreads();
     }
-    TQ_FA_PHASE(5);
     if (p.dst != nullptr) { // single pass: the merge's work for one chunk, here (no partials, no merge launch)
         if (warp == 0) { // O^T to slot 0, column c at c * D (every reader of the slots passed the barrier above)
             park(0);
@@ -740,7 +707,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
             tq_fa_out_row<D, 128>(o, lane, p.tab,
                                   reinterpret_cast<float *>(p.dst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
         }
-        TQ_FA_PHASE(6);
         return;
     }
     const int col0 = ((z * (int) (gridDim.y / p.n_groups) + kvh) * p.n_groups + grp) * p.ncol;
@@ -764,7 +730,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         p.ml[base + tid] = tq_mma_col_ml(red, tid);
     }
     if (p.done == nullptr) {
-        TQ_STAMP_LEAVE();
         return; // the merge kernel follows
     }
     // fused merge: the last chunk of the column group to finish merges all of them (a release / acquire pair of
@@ -781,7 +746,6 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
     __syncthreads();
     if (!is_last) {
-        TQ_STAMP_LEAVE();
         return;
     }
     __threadfence();
@@ -801,6 +765,5 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
         }
         tq_fa_out_row<D, 128>(o, lane, p.tab, reinterpret_cast<float *>(p.mdst + h * p.dnb1 + tk * p.dnb2 + z * p.dnb3));
     }
-    TQ_STAMP_LEAVE();
 #endif // __CUDA_ARCH__ >= 800
 }

@@ -1,0 +1,26 @@
+/* llama-tq: the only environment variables the shipped libraries read, all of them switches that turn a
+ * mechanism off for debugging or comparison (upstream's *_DISABLE convention). Options are parameters:
+ * llama_tq_params and llama_triatt_params (include/llama-tq.h), filled by the common argument parser.
+ *
+ *   LLAMA_TQ_CUDA_PDL_DISABLE=1           CUDA: launch the TQ K/V write and decode kernels without programmatic
+ *                                         dependent launch (upstream's own switch for its kernels is GGML_CUDA_PDL=0)
+ *   LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE=1   CUDA: merge the tensor-core decode's splits in a separate kernel instead
+ *                                         of in the kernel's last chunk
+ *
+ * A test (tests/test_repo_layout.py) keeps every getenv of csrc/ in this file. */
+#ifndef TQ_ENV_H
+#define TQ_ENV_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#define TQ_ENV_CUDA_PDL_DISABLE "LLAMA_TQ_CUDA_PDL_DISABLE"
+#define TQ_ENV_CUDA_FUSED_MERGE_DISABLE "LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE"
+
+/* 1 when the switch is set to anything but "" or "0". */
+static inline int tq_env_flag(const char * name) {
+    const char * v = getenv(name);
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+#endif /* TQ_ENV_H */
