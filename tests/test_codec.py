@@ -30,6 +30,19 @@ def test_block_sizes() -> None:
     assert _codec.BLOCK_VALUES == BLOCKS
 
 
+def test_one_format_table() -> None:
+    """The formats come from one list (tq_formats.h): the module's table, its block sizes and the layout's sizes
+    (a 4-byte header and values x bits of indices) agree, and every format quantizes through its own name."""
+    names = [f["name"] for f in _codec.FORMATS]
+    assert names == list(_codec.BLOCK_VALUES) == list(_codec.BLOCK_BYTES) == list(BLOCKS)
+    for f in _codec.FORMATS:
+        name, n, bits, nbytes = str(f["name"]), int(f["values"]), int(f["bits"]), int(f["bytes"])
+        assert (n, nbytes) == (_codec.BLOCK_VALUES[name], _codec.BLOCK_BYTES[name])
+        assert nbytes == 4 + n * bits // 8 and bits == int(name[2])
+        x = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
+        assert _codec.quantize(x, name).shape == (2, nbytes)
+
+
 @pytest.mark.parametrize(
     "kind,target",
     [("tq3", 0.0340), ("tq4", 0.0093), ("tq3_64", 0.0340), ("tq4_64", 0.0093), ("tq3_96", 0.0340), ("tq4_96", 0.0093)],

@@ -79,7 +79,7 @@ def patched(base_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def lab_patched(root: Path, name: str, dst: Path, strip: int) -> Path:
-    """A copy of root (the repository, strip=1, or a patched tree, strip=4) with lab/patches/<name>.patch applied."""
+    """A copy of root (csrc/, strip=2, or a patched tree, strip=3) with lab/patches/<name>.patch applied."""
     shutil.copytree(root, dst, symlinks=False, ignore=shutil.ignore_patterns(".git", "build", ".venv", "models"))
     patch = REPO / "lab" / "patches" / f"{name}.patch"
     proc = subprocess.run(["patch", f"-p{strip}", "--forward", "-d", str(dst), "-i", str(patch)], capture_output=True,
@@ -120,7 +120,7 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
     ]
     # the measuring patches of lab/patches/ still apply and build: the in-graph timestamps (cuda-stamps,
     # lab/cuda/stamps_stats.py) of the write's and an FA kernel's unit
-    stamped = lab_patched(patched, "cuda-stamps", tmp_path / "stamps", strip=4)
+    stamped = lab_patched(patched, "cuda-stamps", tmp_path / "stamps", strip=3)
     sinc = [i.replace(str(patched), str(stamped)) for i in inc]
     jobs += [
         ([*sinc, "-DTQ_STAMPS", "-Werror", "all-warnings", "-c", str(stamped / "ggml/src/ggml-cuda/tq" / f"{n}.cu"),

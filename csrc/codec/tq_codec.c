@@ -622,63 +622,26 @@ static size_t tq_quantize_chunk_n(int bits, int n, const float *src, void *dst, 
 void tq_rotate_row(const float *x, void *y, int64_t k) { tq_rotate_rows_fmt(&TQ_FMT3, x, (float *)y, k); }
 void tq_unrotate_row(const void *y, float *x, int64_t k) { tq_unrotate_rows_fmt(&TQ_FMT3, (const float *)y, x, k); }
 
-void tq3_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row(3, x, dst, k); }
-void tq4_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row(4, x, dst, k); }
-void tq3_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row(3, src, y, k); }
-void tq4_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row(4, src, y, k); }
+/* Every format's ggml-style row functions and ggml_quantize_chunk entry (tq_formats.h). */
+#define TQ_ROW_FUNCTIONS(name, NAME, values, bits, bytes, qrot)                                                       \
+    void name##_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(bits, values, x, dst, k); } \
+    void name##_dequantize_row(const void *src, float *y, int64_t k) {                                               \
+        (void)tq_dequantize_row_n(bits, values, src, y, k);                                                          \
+    }                                                                                                                \
+    size_t quantize_##name(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {    \
+        (void)imatrix;                                                                                               \
+        return tq_quantize_chunk_n(bits, values, src, dst, nrows, n_per_row);                                        \
+    }
+TQ_FORMATS(TQ_ROW_FUNCTIONS)
+#undef TQ_ROW_FUNCTIONS
 
-size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
-    (void)imatrix;
-    return tq_quantize_chunk_n(3, TQ_BLOCK, src, dst, nrows, n_per_row);
-}
-
-size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
-    (void)imatrix;
-    return tq_quantize_chunk_n(4, TQ_BLOCK, src, dst, nrows, n_per_row);
-}
-
-/* ggml-style entry points of the 64-value blocks (row length k, a multiple of 64). */
+/* The rotated-query helper types of the 64- and 96-value blocks (row length k, a multiple of 64 / 96). */
 void tq_rotate_row_64(const float *x, void *y, int64_t k) { tq_rotate_rows_fmt(&TQ_FMT3_64, x, (float *)y, k); }
 void tq_unrotate_row_64(const void *y, float *x, int64_t k) {
     tq_unrotate_rows_fmt(&TQ_FMT3_64, (const float *)y, x, k);
 }
-
-void tq3_64_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_64, x, dst, k); }
-void tq4_64_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_64, x, dst, k); }
-void tq3_64_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(3, TQ_BLOCK_64, src, y, k); }
-void tq4_64_dequantize_row(const void *src, float *y, int64_t k) { (void)tq_dequantize_row_n(4, TQ_BLOCK_64, src, y, k); }
-
-size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
-    (void)imatrix;
-    return tq_quantize_chunk_n(3, TQ_BLOCK_64, src, dst, nrows, n_per_row);
-}
-
-size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
-    (void)imatrix;
-    return tq_quantize_chunk_n(4, TQ_BLOCK_64, src, dst, nrows, n_per_row);
-}
-
-/* ggml-style entry points of the 96-value blocks (row length k, a multiple of 96). */
 void tq_rotate_row_96(const float *x, void *y, int64_t k) { tq_rotate_rows_fmt(&TQ_FMT3_96, x, (float *)y, k); }
 void tq_unrotate_row_96(const void *y, float *x, int64_t k) {
     tq_unrotate_rows_fmt(&TQ_FMT3_96, (const float *)y, x, k);
 }
 
-void tq3_96_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_96, x, dst, k); }
-void tq4_96_quantize_row(const float *x, void *dst, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_96, x, dst, k); }
-void tq3_96_dequantize_row(const void *src, float *y, int64_t k) {
-    (void)tq_dequantize_row_n(3, TQ_BLOCK_96, src, y, k);
-}
-void tq4_96_dequantize_row(const void *src, float *y, int64_t k) {
-    (void)tq_dequantize_row_n(4, TQ_BLOCK_96, src, y, k);
-}
-
-size_t quantize_tq3_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
-    (void)imatrix;
-    return tq_quantize_chunk_n(3, TQ_BLOCK_96, src, dst, nrows, n_per_row);
-}
-
-size_t quantize_tq4_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
-    (void)imatrix;
-    return tq_quantize_chunk_n(4, TQ_BLOCK_96, src, dst, nrows, n_per_row);
-}

@@ -57,6 +57,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tq_formats.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -156,14 +158,16 @@ float tq_dot_rotated_row(int bits, const void *src, const float *q_rot, int64_t 
  * convert between float rows and the rotated-query helper type (tq_rotate on each 128-block). */
 void tq_rotate_row(const float *x, void *y, int64_t k);
 void tq_unrotate_row(const void *y, float *x, int64_t k);
-void tq3_quantize_row(const float *x, void *dst, int64_t k);
-void tq4_quantize_row(const float *x, void *dst, int64_t k);
-void tq3_dequantize_row(const void *src, float *y, int64_t k);
-void tq4_dequantize_row(const void *src, float *y, int64_t k);
-/* ggml_quantize_chunk's signature (ggml-quants.h): nrows rows of n_per_row values; imatrix is unused (the
- * codec has no importance weighting). Returns the bytes written, 0 if n_per_row is not a multiple of 128. */
-size_t quantize_tq3(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
-size_t quantize_tq4(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+/* Per format of tq_formats.h (tq3, tq4, tq3_64, ...): NAME_quantize_row, NAME_dequantize_row (row length k, a
+ * multiple of the format's block) and quantize_NAME, ggml_quantize_chunk's signature (ggml-quants.h): nrows rows of
+ * n_per_row values; imatrix is unused (the codec has no importance weighting); the bytes written, 0 if n_per_row is
+ * not a whole number of blocks. */
+#define TQ_ROW_DECLS(name, NAME, values, bits, bytes, qrot)                                                           \
+    void name##_quantize_row(const float *x, void *dst, int64_t k);                                                  \
+    void name##_dequantize_row(const void *src, float *y, int64_t k);                                                \
+    size_t quantize_##name(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+TQ_FORMATS(TQ_ROW_DECLS)
+#undef TQ_ROW_DECLS
 
 /* Any block format: n = TQ_BLOCK (128, the functions above), TQ_BLOCK_64 or TQ_BLOCK_96. Invalid bits / n / length: 0 bytes,
  * NULL, -1 or NaN, nothing written. */
@@ -185,23 +189,11 @@ float tq_dot_rotated_row_n(int bits, int n, const void *src, const float *q_rot,
  * their rotated-query helper type (tq_rotate_n(64, ...) on each 64-block). */
 void tq_rotate_row_64(const float *x, void *y, int64_t k);
 void tq_unrotate_row_64(const void *y, float *x, int64_t k);
-void tq3_64_quantize_row(const float *x, void *dst, int64_t k);
-void tq4_64_quantize_row(const float *x, void *dst, int64_t k);
-void tq3_64_dequantize_row(const void *src, float *y, int64_t k);
-void tq4_64_dequantize_row(const void *src, float *y, int64_t k);
-size_t quantize_tq3_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
-size_t quantize_tq4_64(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 
 /* ggml-style entry points of the 96-value blocks (row length k, a multiple of 96): GGML_TYPE_TQ3_96 / TQ4_96 and
  * their rotated-query helper type. */
 void tq_rotate_row_96(const float *x, void *y, int64_t k);
 void tq_unrotate_row_96(const void *y, float *x, int64_t k);
-void tq3_96_quantize_row(const float *x, void *dst, int64_t k);
-void tq4_96_quantize_row(const float *x, void *dst, int64_t k);
-void tq3_96_dequantize_row(const void *src, float *y, int64_t k);
-void tq4_96_dequantize_row(const void *src, float *y, int64_t k);
-size_t quantize_tq3_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
-size_t quantize_tq4_96(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
 
 #ifdef __cplusplus
 }

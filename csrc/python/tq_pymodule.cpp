@@ -158,12 +158,18 @@ py::array pack_indices(const u8_array & idx, const std::string & kind) {
 PYBIND11_MODULE(_codec, m) {
     m.doc() = "TurboQuant TQ3/TQ4 codec (C implementation in csrc/codec/tq_codec.c)";
     m.attr("BLOCK") = TQ_BLOCK;
-    m.attr("BLOCK_VALUES") = py::dict(py::arg("tq3") = TQ_BLOCK, py::arg("tq4") = TQ_BLOCK,
-                                      py::arg("tq3_64") = TQ_BLOCK_64, py::arg("tq4_64") = TQ_BLOCK_64,
-                                      py::arg("tq3_96") = TQ_BLOCK_96, py::arg("tq4_96") = TQ_BLOCK_96);
-    m.attr("BLOCK_BYTES") = py::dict(py::arg("tq3") = TQ3_BLOCK_BYTES, py::arg("tq4") = TQ4_BLOCK_BYTES,
-                                     py::arg("tq3_64") = TQ3_64_BLOCK_BYTES, py::arg("tq4_64") = TQ4_64_BLOCK_BYTES,
-                                     py::arg("tq3_96") = TQ3_96_BLOCK_BYTES, py::arg("tq4_96") = TQ4_96_BLOCK_BYTES);
+    py::dict values, bytes;  // per storage format, in tq_formats.h's order: the one table of the formats
+    py::list formats;
+#define TQ_PY_FORMAT(name, NAME, n, bits, nbytes, qrot)                                                               \
+    values[#name] = n;                                                                                               \
+    bytes[#name] = nbytes;                                                                                           \
+    formats.append(py::dict(py::arg("name") = #name, py::arg("values") = n, py::arg("bits") = bits,                  \
+                            py::arg("bytes") = nbytes));
+    TQ_FORMATS(TQ_PY_FORMAT)
+#undef TQ_PY_FORMAT
+    m.attr("BLOCK_VALUES") = values;
+    m.attr("BLOCK_BYTES") = bytes;
+    m.attr("FORMATS") = formats;
     m.def("quantize", &quantize, py::arg("x"), py::arg("kind"),
           "Quantize float32 values (last axis a multiple of the kind's block: 128, 64 for tq3_64/tq4_64, 96 for "
           "tq3_96/tq4_96) "

@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from .errors import ToolError, UsageError
 from .paths import lib_dir
@@ -101,7 +102,7 @@ def triatt_default_params() -> dict[str, int]:
 
 def _ctx_ptr(llm_or_ctx: object) -> int:
     """The llama_context pointer of a llama_cpp.Llama (or a raw context pointer); UsageError for anything else."""
-    ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)
+    ctx: Any = getattr(llm_or_ctx, "ctx", llm_or_ctx)
     ctx = getattr(ctx, "ctx", ctx)  # Llama._ctx (internal wrapper) -> its ctypes pointer
     what = "expected a llama_cpp.Llama or a llama_context pointer"
     try:

@@ -17,8 +17,9 @@ _Q = gguf.GGMLQuantizationType
 # upstream's kv_cache_types (common/arg.cpp), in its order
 _UPSTREAM = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0, "q4_0": _Q.Q4_0, "q4_1": _Q.Q4_1,
              "iq4_nl": _Q.IQ4_NL, "q5_0": _Q.Q5_0, "q5_1": _Q.Q5_1}  # fmt: skip
-# the _64 / _96 variants: 64- and 96-value blocks, picked for heads that need them
-TQ_TYPES = ("tq3", "tq4", "tq3_64", "tq4_64", "tq3_96", "tq4_96")
+# the codec's formats (csrc/codec/tq_formats.h); the _64 / _96 variants, 64- and 96-value blocks, are picked for
+# heads that need them
+TQ_TYPES = tuple(_codec.BLOCK_VALUES)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print()
     demo.print_table(report)
     print(f"wrote {args.out}/demo.json, demo.png (PPL runs in {args.out}/ppl, NIAH runs in {args.out}/niah)")
-    return EXIT_OK if all(r["ppl_ok"] for r in report["rows"]) else EXIT_FAILED  # type: ignore[index, union-attr]
+    return EXIT_OK if all(r["ppl_ok"] for r in report["rows"]) else EXIT_FAILED
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -170,7 +170,7 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     report = evict.run(_model(args), args.text, args.out, caches=KvConfig.parse_list(args.caches), ctx=args.ctx,
                        chunks=args.chunks, budgets=budgets, policies=policies, threads=args.threads)  # fmt: skip
     print(f"\nwrote {args.out}/evict.json, evict.md, evict_kld_vs_budget.png (logs in {args.out}/logs)")
-    return EXIT_OK if all(r["ok"] for r in report["rows"]) else EXIT_FAILED  # type: ignore[union-attr, index]
+    return EXIT_OK if all(r["ok"] for r in report["rows"]) else EXIT_FAILED
 
 
 def _cmd_v3(args: argparse.Namespace) -> int:

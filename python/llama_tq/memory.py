@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 import gguf
 import numpy as np
 
 from .cachetypes import REPORT_TYPES, cache_type, for_head, is_tq
+from .errors import UsageError
 
 # Architectures whose sliding-window layer pattern llama.cpp hard-codes (every n-th layer is global).
 _SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}
@@ -33,18 +35,28 @@ def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
     return default if f is None else f.contents()
 
 
+def _int(value: object, key: str) -> int:
+    """A metadata value that must be an integer; UsageError (not a traceback) for a file that says otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"GGUF metadata {key} is {value!r}, not a number")
+    return int(value)
+
+
+def _ints(value: object, key: str, n: int) -> list[int]:
+    """A per-layer count: a list of n integers, or one integer for every layer."""
+    return [_int(v, key) for v in value] if isinstance(value, list) else [_int(value, key)] * n
+
+
 def read_attn_params(path: Path) -> AttnParams:
     r = gguf.GGUFReader(path)
     arch = str(_field(r, "general.architecture"))
-    n_layer = int(_field(r, f"{arch}.block_count"))  # type: ignore[arg-type]
-    n_head = _field(r, f"{arch}.attention.head_count")
-    kv = _field(r, f"{arch}.attention.head_count_kv", n_head)
-    n_head_kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * n_layer  # type: ignore[arg-type]
-    n_head0 = int(n_head[0] if isinstance(n_head, list) else n_head)  # type: ignore[arg-type, index]
-    n_embd = int(_field(r, f"{arch}.embedding_length"))  # type: ignore[arg-type]
-    head_k = int(_field(r, f"{arch}.attention.key_length", n_embd // n_head0))  # type: ignore[arg-type]
-    head_v = int(_field(r, f"{arch}.attention.value_length", head_k))  # type: ignore[arg-type]
-    window = int(_field(r, f"{arch}.attention.sliding_window", 0) or 0)  # type: ignore[arg-type]
+    n_layer = _int(_field(r, f"{arch}.block_count"), "block_count")
+    n_head = _ints(_field(r, f"{arch}.attention.head_count"), "head_count", n_layer)
+    n_head_kv = _ints(_field(r, f"{arch}.attention.head_count_kv", n_head), "head_count_kv", n_layer)
+    n_embd = _int(_field(r, f"{arch}.embedding_length"), "embedding_length")
+    head_k = _int(_field(r, f"{arch}.attention.key_length", n_embd // n_head[0]), "key_length")
+    head_v = _int(_field(r, f"{arch}.attention.value_length", head_k), "value_length")
+    window = _int(_field(r, f"{arch}.attention.sliding_window", 0) or 0, "sliding_window")
     return AttnParams(arch, n_layer, n_head_kv, head_k, head_v, window, _SWA_PATTERN.get(arch, 0) if window else 0)
 
 
@@ -62,11 +74,20 @@ def kv_bytes_per_token(p: AttnParams, k_type: str, v_type: str) -> int | None:
     return int(sum((k + v) * h for h in p.n_head_kv))
 
 
-def memory_report(gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512, quiet: bool = False) -> dict:
+class MemoryRow(TypedDict, total=False):
+    type: str
+    supported: bool
+    bytes_per_token: int
+    total_bytes: int
+
+
+def memory_report(
+    gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512, quiet: bool = False
+) -> dict[str, Any]:
     """Print (and return) KV bytes per token and totals for f16, q8_0, q4_0, tq4 and tq3."""
     p = read_attn_params(Path(gguf_path))
-    rows = []
-    notes = []
+    rows: list[MemoryRow] = []
+    notes: list[str] = []
     for kind in REPORT_TYPES:
         k = row_bytes(kind, p.head_k)
         v = row_bytes(kind, p.head_v)

@@ -10,6 +10,7 @@ import statistics
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunError
 from .common import KvConfig, progress, run_tool
@@ -26,22 +27,22 @@ class SpeedRow:
         return statistics.median(self.tps)
 
 
-def parse_llama_bench_json(text: str) -> list[dict[str, object]]:
+def parse_llama_bench_json(text: str) -> list[dict[str, Any]]:
     """llama-bench `-o json` output: a JSON array of test records."""
     start = text.index("[")
     return list(json.loads(text[start : text.rindex("]") + 1]))
 
 
-def parse_llama_bench_markdown(text: str) -> list[dict[str, object]]:
+def parse_llama_bench_markdown(text: str) -> list[dict[str, Any]]:
     """llama-bench's default markdown table: one record per row, keyed by the header; "t/s" becomes avg_ts and
     stdev_ts, and "pp512 @ d4096" becomes n_prompt / n_gen / n_depth as in the JSON output."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
     if len(lines) < 2:
         return []
     header = [h.strip() for h in lines[0].strip("|").split("|")]
-    recs: list[dict[str, object]] = []
+    recs: list[dict[str, Any]] = []
     for ln in lines[2:]:
-        rec: dict[str, object] = dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=False))
+        rec: dict[str, Any] = dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=False))
         avg, _, dev = str(rec.get("t/s", "")).partition("±")
         rec["avg_ts"], rec["stdev_ts"] = float(avg), float(dev or 0)
         test, _, depth = str(rec.get("test", "")).partition(" @ d")
@@ -52,8 +53,8 @@ def parse_llama_bench_markdown(text: str) -> list[dict[str, object]]:
     return recs
 
 
-def test_name(rec: dict[str, object]) -> str:
-    n_p, n_g, d = int(rec["n_prompt"]), int(rec["n_gen"]), int(rec.get("n_depth", 0))  # type: ignore[call-overload]
+def test_name(rec: dict[str, Any]) -> str:
+    n_p, n_g, d = int(rec["n_prompt"]), int(rec["n_gen"]), int(rec.get("n_depth", 0))
     name = f"pp{n_p}" if n_p else f"tg{n_g}"
     return f"{name} @ d{d}"
 
@@ -82,12 +83,12 @@ def run(
                 raise RunError(f"llama-bench failed for {cfg.name}: {run.stderr[-2000:]}")
             for rec in parse_llama_bench_json(run.stdout):
                 key = (cfg.name, test_name(rec))
-                samples = [float(x) for x in rec.get("samples_ts", [rec["avg_ts"]])]  # type: ignore[union-attr]
+                samples = [float(x) for x in rec.get("samples_ts", [rec["avg_ts"]])]
                 rows.setdefault(key, SpeedRow(cfg.name, key[1], [])).tps.extend(samples)
     return list(rows.values())
 
 
-def table(rows: list[SpeedRow], ref: str) -> list[dict[str, object]]:
+def table(rows: list[SpeedRow], ref: str) -> list[dict[str, Any]]:
     tests = list(dict.fromkeys(r.test for r in rows))
     refs = {r.test: r.median for r in rows if r.config == ref}
     out = []
@@ -107,7 +108,7 @@ def table(rows: list[SpeedRow], ref: str) -> list[dict[str, object]]:
     return out
 
 
-def write_outputs(out: list[dict[str, object]], rows: list[SpeedRow], out_dir: Path, meta: dict[str, object]) -> None:
+def write_outputs(out: list[dict[str, Any]], rows: list[SpeedRow], out_dir: Path, meta: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     samples = [asdict(r) for r in rows]
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "table": out, "samples": samples}, indent=2) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import memory
 from ..cachetypes import is_tq
@@ -39,7 +40,7 @@ def run(
     threads: int = 2,
     kv: str = CONFIGS,
     positions: str = "start,middle,end",
-) -> dict[str, object]:
+) -> dict[str, Any]:
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     if text_path is None:
@@ -64,7 +65,7 @@ def run(
                               threads=threads, out_dir=out_dir / "niah")  # fmt: skip
 
     f16_bpt = memory.kv_bytes_per_token(params, "f16", "f16")
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for c in configs:
         r = by_name.get(c.name) if c.name != "f16/f16" else ppl_rows[0]
         bpt = memory.kv_bytes_per_token(params, c.k, c.v)
@@ -72,7 +73,7 @@ def run(
             "config": c.name,
             "bits_per_value": c.bits,
             "kv_bytes_per_token": bpt,
-            "kv_vs_f16": round(f16_bpt / bpt, 3) if bpt else None,
+            "kv_vs_f16": round(f16_bpt / bpt, 3) if bpt and f16_bpt else None,
             "ppl": r.ppl if r else None,
             "ppl_err": r.ppl_err if r else None,
             "kld": r.kld if r else None,
@@ -96,7 +97,7 @@ def run(
     return report
 
 
-def print_table(report: dict[str, object]) -> None:
+def print_table(report: dict[str, Any]) -> None:
     rows = report["rows"]
     assert isinstance(rows, list)
     positions = list(dict.fromkeys(p for r in rows for p in r["niah"]))
@@ -110,10 +111,10 @@ def print_table(report: dict[str, object]) -> None:
             f"{r['config']:<12} {r['bits_per_value']:>6.2f} {r['kv_bytes_per_token']:>10,} {r['kv_vs_f16']:>6.2f}x "
             f"{ppl_s:>17} {kld_s:>10} {top:>8}  " + "  ".join(f"{r['niah'].get(p, '-'):<14}" for p in positions)
         )
-    print(f"\n{report['protocol']['label']}; wall {report['wall_s']} s")  # type: ignore[index]
+    print(f"\n{report['protocol']['label']}; wall {report['wall_s']} s")
 
 
-def plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt = pyplot()
     if plt is None:
         return
@@ -122,7 +123,7 @@ def plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for r in rows:
         if r["kld"] is not None and r["config"] != "f16/f16":
-            x, y = float(r["kv_bytes_per_token"]), max(float(r["kld"]), 1e-5)  # type: ignore[arg-type]
+            x, y = float(r["kv_bytes_per_token"]), max(float(r["kld"]), 1e-5)
             tq = any(is_tq(t) for t in str(r["config"]).split("@")[0].split("/"))
             ax.scatter(x, y, color="tab:red" if tq else "tab:blue", zorder=3)
             # TQ labels above, others below: tq4 and q4_0 sit close together
@@ -132,12 +133,12 @@ def plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
-    positions = list(dict.fromkeys(p for r in rows for p in r["niah"]))  # type: ignore[attr-defined]
-    data = [[niah.STATUSES.index(r["niah"].get(p, "FAIL")) for p in positions] for r in rows]  # type: ignore[attr-defined]
+    positions = list(dict.fromkeys(p for r in rows for p in r["niah"]))
+    data = [[niah.STATUSES.index(r["niah"].get(p, "FAIL")) for p in positions] for r in rows]
     ax2.imshow(data, cmap=ListedColormap(["#2ca02c", "#ffbf00", "#ff7f0e", "#d62728"]), vmin=0, vmax=3, aspect="auto")
     for i, r in enumerate(rows):
         for j, p in enumerate(positions):
-            ax2.text(j, i, r["niah"].get(p, "-"), ha="center", va="center", fontsize=7)  # type: ignore[attr-defined]
+            ax2.text(j, i, r["niah"].get(p, "-"), ha="center", va="center", fontsize=7)
     ax2.set_xticks(range(len(positions)), positions)
     ax2.set_yticks(range(len(rows)), [str(r["config"]) for r in rows])
     ax2.set_title("cloze needle in a haystack")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from . import ppl
 from .common import EVICT_ROUND_POS, KvConfig, progress, pyplot
@@ -88,7 +89,7 @@ def run(
     warmup: int = 256,
     divide: int = 64,
     threads: int = 2,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     caches = caches or [KvConfig("f16", "f16")]
     policies = policies or POLICIES
     cfgs = configs(caches, ctx, budgets, policies, warmup, divide)
@@ -115,21 +116,21 @@ def run(
     return report
 
 
-def _base(rows: list[dict[str, object]], cache: str) -> dict[str, object] | None:
+def _base(rows: list[dict[str, Any]], cache: str) -> dict[str, Any] | None:
     return next((r for r in rows if r["cache"] == cache and r["policy"] == "none"), None)
 
 
-def summary(report: dict[str, object]) -> str:
+def summary(report: dict[str, Any]) -> str:
     """One row per cache and budget: each policy's KLD minus the no-eviction KLD, its PPL change, rounds, seen."""
-    meta: dict[str, object] = report["meta"]  # type: ignore[assignment]
-    rows: list[dict[str, object]] = report["rows"]  # type: ignore[assignment]
+    meta: dict[str, Any] = report["meta"]
+    rows: list[dict[str, Any]] = report["rows"]
     policies = list(dict.fromkeys(str(r["policy"]) for r in rows if r["policy"] != "none"))
     lines = [f"{meta['protocol']}.", "Cell: mean KLD added by eviction (KLD - the same cache's KLD without "
              "eviction), PPL change, rounds, share of scored tokens that saw an evicted cache.", "",
              "| cache | budget | " + " | ".join(policies) + " |", "|---" * (len(policies) + 2) + "|"]  # fmt: skip
     for cache in dict.fromkeys(str(r["cache"]) for r in rows):
         base = _base(rows, cache)
-        for pct in sorted({int(r["budget_pct"]) for r in rows if r["cache"] == cache and r["policy"] != "none"}):  # type: ignore[call-overload]
+        for pct in sorted({int(r["budget_pct"]) for r in rows if r["cache"] == cache and r["policy"] != "none"}):
             cells = []
             for pol in policies:
                 r = next((x for x in rows if x["cache"] == cache and x["policy"] == pol and x["budget_pct"] == pct),
@@ -137,25 +138,25 @@ def summary(report: dict[str, object]) -> str:
                 if r is None or not r["ok"] or base is None or not base["ok"]:
                     cells.append("-" if r is None else f"FAILED ({r['error']})")
                     continue
-                dk = float(r["kld"]) - float(base["kld"] or 0.0)  # type: ignore[arg-type]
-                dp = 100 * (float(r["ppl"]) / float(base["ppl"]) - 1)  # type: ignore[arg-type]
-                seen = f", seen {100 * float(r['seen']):.0f} %" if r["seen"] is not None else ""  # type: ignore[arg-type]
+                dk = float(r["kld"]) - float(base["kld"] or 0.0)
+                dp = 100 * (float(r["ppl"]) / float(base["ppl"]) - 1)
+                seen = f", seen {100 * float(r['seen']):.0f} %" if r["seen"] is not None else ""
                 cells.append(f"{dk:.4f} ({dp:+.1f} % PPL, {r['evictions']} rounds{seen})")
             lines.append(f"| {cache} | {pct} % | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot(report: dict[str, object], path: Path) -> None:
+def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     if plt is None:
         return
 
-    rows: list[dict[str, object]] = report["rows"]  # type: ignore[assignment]
+    rows: list[dict[str, Any]] = report["rows"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cache in dict.fromkeys(str(r["cache"]) for r in rows):
         base = _base(rows, cache)
         for pol in dict.fromkeys(str(r["policy"]) for r in rows if r["policy"] != "none"):
-            pts = sorted((int(r["budget_pct"]), float(r["kld"]) - float(base["kld"] or 0.0))  # type: ignore[arg-type, index]
+            pts = sorted((int(r["budget_pct"]), float(r["kld"]) - float(base["kld"] or 0.0))
                          for r in rows if r["cache"] == cache and r["policy"] == pol and r["ok"] and base)  # fmt: skip
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=f"{pol} ({cache})")
@@ -164,7 +165,7 @@ def plot(report: dict[str, object], path: Path) -> None:
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(str(report["meta"]["protocol"])[:80], fontsize=8)  # type: ignore[index]
+    ax.set_title(str(report["meta"]["protocol"])[:80], fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from . import niah, ppl
 from .common import KvConfig, progress
@@ -31,16 +32,16 @@ def run(
     niah_retention: int = 90,
     threads: int = 2,
     flags: list[str] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     flags = flags or []
-    report: dict[str, object] = {"model": str(model), "text": str(text), "ctx": ctx, "niah_ctx": niah_ctx,
+    report: dict[str, Any] = {"model": str(model), "text": str(text), "ctx": ctx, "niah_ctx": niah_ctx,
                                  "flags": flags, "ppl": {}, "niah": {}}  # fmt: skip
     for pct in (0, *retentions):
         evict = [] if pct == 0 else ["--triatt-budget", str(ctx * pct // 100), "--triatt-policy", "v3", *flags]
         progress(f"== v3: PPL at {pct}% retention" if pct else "== v3: PPL without eviction")
         rows = ppl.run_matrix(model, text, caches, ctx=ctx, chunks=3, threads=threads, evict_args=evict,
                               out_dir=out_dir / f"ppl_{pct}")  # fmt: skip
-        report["ppl"][str(pct)] = [asdict(r) for r in rows]  # type: ignore[index]
+        report["ppl"][str(pct)] = [asdict(r) for r in rows]
     budget = niah_ctx * niah_retention // 100
     needle = niah.Needle.parse(niah.DEFAULT_NEEDLE)
     for policy, name in POLICIES.items():
@@ -49,8 +50,8 @@ def run(
         rows_n = niah.run_grid(model, haystack, [KvConfig("f16", "f16")], niah_ctx,
                                niah.parse_positions("start,middle,end"), needle, threads=threads, extra_args=extra,
                                out_dir=out_dir / f"niah_{policy}")  # fmt: skip
-        report["niah"][policy] = [asdict(r) for r in rows_n]  # type: ignore[index]
-    report["ok"] = all(r["ok"] for runs in (report["ppl"], report["niah"]) for rows in runs.values()  # type: ignore[attr-defined]
+        report["niah"][policy] = [asdict(r) for r in rows_n]
+    report["ok"] = all(r["ok"] for runs in (report["ppl"], report["niah"]) for rows in runs.values()
                        for r in rows)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "v3.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -60,9 +61,9 @@ def run(
     return report
 
 
-def summary(report: dict[str, object]) -> str:
+def summary(report: dict[str, Any]) -> str:
     """PPL and KLD per cache and retention (change against the same cache without eviction), then the NIAH grid."""
-    runs: dict[str, list[dict[str, object]]] = report["ppl"]  # type: ignore[assignment]
+    runs: dict[str, list[dict[str, Any]]] = report["ppl"]
     pcts = list(runs)
     base = {str(r["config"]): r for r in runs["0"]}
     lines = [f"PPL, -c {report['ctx']} -b 512 --chunks 3 (change vs the same cache without eviction)",
@@ -80,7 +81,7 @@ def summary(report: dict[str, object]) -> str:
             ev = f", {r['evictions']} rounds" if r["evictions"] is not None else ""
             cells.append(f"{float(r['ppl']):.4f}{d}, KLD {float(r['kld'] or 0):.4f}{ev}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    niah_runs: dict[str, list[dict[str, object]]] = report["niah"]  # type: ignore[assignment]
+    niah_runs: dict[str, list[dict[str, Any]]] = report["niah"]
     positions = list(dict.fromkeys(str(r["position"]) for rows in niah_runs.values() for r in rows))
     lines += ["", f"Cloze NIAH at {report['niah_ctx']} tokens, f16 cache", "",
               "| policy | " + " | ".join(positions) + " |", "|---" * (len(positions) + 1) + "|"]  # fmt: skip

@@ -6,7 +6,7 @@
 
 
 bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_transformed) {
-    if (!llama_tq_is_tq(type)) {
+    if (!ggml_tq_is_tq(type)) {
         return true;
     }
     switch (llama_tq_params_for_new_cache().attn_rot) {  // --tq-attn-rot (llama_init_from_model_tq)

@@ -300,7 +300,7 @@ llama_tq_keys::~llama_tq_keys() {
 void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
     const int32_t mode = llama_tq_params_for_new_cache().keys;  // --tq-keys (llama_init_from_model_tq)
     center = equalize = matrix = false;
-    const bool tq = llama_tq_is_tq(type_k);
+    const bool tq = ggml_tq_is_tq(type_k);
     if (!allowed || !tq || hp.is_mla() || hp.n_layer() == 0) {
         return;
     }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "ggml-tq.h" // ggml_tq_is_tq: the TQ types, from tq_formats.h
 #include "llama-hparams.h"
 #include "llama-impl.h"
 #include "llama-model.h"
@@ -15,10 +16,6 @@
 #include <cstdint>
 #include <cstring>
 
-inline bool llama_tq_is_tq(ggml_type t) {
-    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ||
-           t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96;
-}
 
 // TQ3_64 / TQ3_96 -> TQ3, TQ4_64 / TQ4_96 -> TQ4 (the policies are decided per bit width); other types unchanged.
 inline ggml_type llama_tq_base_type(ggml_type t) {

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "ggml.h"
+#include "ggml-tq.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,30 +22,24 @@ extern "C" {
 /* The instruction set these kernels were compiled for: "avx512", "avx2" or "scalar" (the codec's C loops). */
 const char *ggml_tq_cpu_isa(void);
 
-void ggml_tq3_from_float(const float *x, void *y, int64_t k);
-void ggml_tq4_from_float(const float *x, void *y, int64_t k);
-void ggml_tq_qrot_from_float(const float *x, void *y, int64_t k);
+/* Per TQ type (tq_formats.h): ggml_NAME_from_float (the codec's bytes, SIMD-searched) and the K.Q dot against
+ * its rotated-query helper type; per helper type: ggml_NAME_from_float (rotates the query block by block). */
+#define GGML_TQ_CPU_DECLS(name, NAME, values, bits, bytes, qrot)                                                      \
+    void ggml_##name##_from_float(const float *x, void *y, int64_t k);                                               \
+    void ggml_vec_dot_##name##_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, \
+                                    int nrc);
+#define GGML_TQ_CPU_QROT_DECLS(name, NAME, values, sfx) void ggml_##name##_from_float(const float *x, void *y, int64_t k);
+TQ_FORMATS(GGML_TQ_CPU_DECLS)
+TQ_QROT_FORMATS(GGML_TQ_CPU_QROT_DECLS)
+#undef GGML_TQ_CPU_DECLS
+#undef GGML_TQ_CPU_QROT_DECLS
 
-void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
-void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
-
-/* GGML_TYPE_TQ3_64 / TQ4_64 (64-value blocks) and their query helper GGML_TYPE_TQ_QROT_64 (rotated per 64). */
-void ggml_tq3_64_from_float(const float *x, void *y, int64_t k);
-void ggml_tq4_64_from_float(const float *x, void *y, int64_t k);
-void ggml_tq_qrot_64_from_float(const float *x, void *y, int64_t k);
-void ggml_vec_dot_tq3_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc);
-void ggml_vec_dot_tq4_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc);
-
-/* GGML_TYPE_TQ3_96 / TQ4_96 (96-value blocks) and their query helper GGML_TYPE_TQ_QROT_96 (rotated per 96). */
-void ggml_tq3_96_from_float(const float *x, void *y, int64_t k);
-void ggml_tq4_96_from_float(const float *x, void *y, int64_t k);
-void ggml_tq_qrot_96_from_float(const float *x, void *y, int64_t k);
-void ggml_vec_dot_tq3_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc);
-void ggml_vec_dot_tq4_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc);
+/* The rows of ggml-cpu.c's type_traits_cpu table (the patch puts GGML_TQ_CPU_TYPE_TRAITS there). */
+#define GGML_TQ_CPU_TRAITS_ROW(name, NAME, values, bits, bytes, qrot)                                               \
+    [GGML_TYPE_##NAME] = {.from_float = ggml_##name##_from_float, .vec_dot = ggml_vec_dot_##name##_qrot,            \
+                          .vec_dot_type = GGML_TYPE_##qrot, .nrows = 1},
+#define GGML_TQ_CPU_QROT_TRAITS_ROW(name, NAME, values, sfx) [GGML_TYPE_##NAME] = {.from_float = ggml_##name##_from_float},
+#define GGML_TQ_CPU_TYPE_TRAITS TQ_FORMATS(GGML_TQ_CPU_TRAITS_ROW) TQ_QROT_FORMATS(GGML_TQ_CPU_QROT_TRAITS_ROW)
 
 /* FLASH_ATTN_EXT's V path. For a TQ V type, returns a to_float that leaves rows in the rotated domain
  * (s * c', no inverse WHT per row) and sets *unrotate to the function that maps the attention-weighted sum

@@ -379,32 +379,32 @@ int ggml_cuda_tq_supports_op(const ggml_tensor * op) {
     const ggml_tensor * b = op->src[1];
     switch (op->op) {
         case GGML_OP_SET_ROWS:
-            if (!ggml_cuda_tq_is_tq(op->type)) {
+            if (!ggml_tq_is_tq(op->type)) {
                 return -1;
             }
             return tq_is_float(a->type) && a->nb[0] == ggml_type_size(a->type) &&
                    (b->type == GGML_TYPE_I64 || b->type == GGML_TYPE_I32);
         case GGML_OP_GET_ROWS:
-            if (!ggml_cuda_tq_is_tq(a->type)) {
+            if (!ggml_tq_is_tq(a->type)) {
                 return -1;
             }
             return tq_is_float(op->type) && b->type == GGML_TYPE_I32 && op->nb[0] == ggml_type_size(op->type);
         case GGML_OP_CPY:
-            if (!ggml_cuda_tq_is_tq(a->type) && !ggml_cuda_tq_is_tq(b->type)) {
+            if (!ggml_tq_is_tq(a->type) && !ggml_tq_is_tq(b->type)) {
                 return -1;
             }
             if (!ggml_are_same_shape(a, b) || a->nb[0] != ggml_type_size(a->type) || b->nb[0] != ggml_type_size(b->type)) {
                 return 0;
             }
-            return (tq_is_float(a->type) && ggml_cuda_tq_is_tq(b->type)) ||
-                   (ggml_cuda_tq_is_tq(a->type) && tq_is_float(b->type)) || a->type == b->type;
+            return (tq_is_float(a->type) && ggml_tq_is_tq(b->type)) ||
+                   (ggml_tq_is_tq(a->type) && tq_is_float(b->type)) || a->type == b->type;
         case GGML_OP_MUL_MAT:
-            if (!ggml_cuda_tq_is_tq(a->type)) {
+            if (!ggml_tq_is_tq(a->type)) {
                 return -1;
             }
             return b->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32;
         case GGML_OP_MUL_MAT_ID:
-            return ggml_cuda_tq_is_tq(a->type) ? 0 : -1;
+            return ggml_tq_is_tq(a->type) ? 0 : -1;
         default:
             return -1;
     }
@@ -426,7 +426,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
     cudaStream_t stream = ctx.stream();
     switch (dst->op) {
         case GGML_OP_SET_ROWS: {
-            if (!ggml_cuda_tq_is_tq(dst->type)) {
+            if (!ggml_tq_is_tq(dst->type)) {
                 return false;
             }
             tq_rows_shape sh = tq_shape_of(a, dst, a->ne[0] / tq_block_n_of(dst->type));
@@ -445,7 +445,7 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             return true;
         }
         case GGML_OP_GET_ROWS: {
-            if (!ggml_cuda_tq_is_tq(a->type)) {
+            if (!ggml_tq_is_tq(a->type)) {
                 return false;
             }
             // dst row (i1, i2, i3) = a row ids[i1, i2, i3] of plane (i2, i3)
@@ -464,19 +464,19 @@ bool ggml_cuda_tq_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
             return true;
         }
         case GGML_OP_CPY: {
-            if (!ggml_cuda_tq_is_tq(a->type) && !ggml_cuda_tq_is_tq(b->type)) {
+            if (!ggml_tq_is_tq(a->type) && !ggml_tq_is_tq(b->type)) {
                 return false;
             }
             const char * s = (const char *) a->data;
             char * d = (char *) b->data;
-            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / tq_block_n_of(ggml_cuda_tq_is_tq(a->type) ? a->type : b->type));
+            const tq_rows_shape sh = tq_shape_of(a, b, a->ne[0] / tq_block_n_of(ggml_tq_is_tq(a->type) ? a->type : b->type));
             if (a->type == b->type) {
                 const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
                 if (n > 0) {
                     k_tq_copy_blocks<<<(unsigned) ((n + 3) / 4), 128, 0, stream>>>(s, d, sh, (int) ggml_type_size(a->type));
                     CUDA_CHECK(cudaGetLastError());
                 }
-            } else if (ggml_cuda_tq_is_tq(b->type)) {
+            } else if (ggml_tq_is_tq(b->type)) {
                 a->type == GGML_TYPE_F32 ? tq_quantize_rows<float, int32_t>(b->type, s, nullptr, d, sh, stream)
                                          : tq_quantize_rows<half, int32_t>(b->type, s, nullptr, d, sh, stream);
             } else {
@@ -708,7 +708,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     }
     // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
     auto is_write = [](const ggml_tensor * t) {
-        return t->op == GGML_OP_SET_ROWS && ggml_cuda_tq_is_tq(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
+        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
                t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
     };
     // the next node after `from` that is not a view (at most 4 views in between), or -1
@@ -835,7 +835,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
 
 bool ggml_cuda_tq_mul_mat(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_mul_mat_fn mul_mat) {
     const ggml_tensor * a = dst->src[0];
-    if (!ggml_cuda_tq_is_tq(a->type)) {
+    if (!ggml_tq_is_tq(a->type)) {
         return false;
     }
     // K*Q with -fa off: dequantize the K view to f16 once and let upstream pick its f16 kernel
@@ -878,7 +878,7 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
     const ggml_tensor * V = dst->src[2];
     const ggml_tensor * mask  = dst->src[3];
     const ggml_tensor * sinks = dst->src[4];
-    if (!K || !V || (!ggml_cuda_tq_is_tq(K->type) && !ggml_cuda_tq_is_tq(V->type))) {
+    if (!K || !V || (!ggml_tq_is_tq(K->type) && !ggml_tq_is_tq(V->type))) {
         return false;
     }
     if (tq_fa_kind_of(K->type) < 0 || tq_fa_kind_of(V->type) < 0 || Q->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
@@ -907,7 +907,7 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
         return false;
     }
     for (const ggml_tensor * t : {K, V}) { // 4-byte loads of TQ rows, 2-byte loads of q8_0/f16 rows
-        const size_t align = ggml_cuda_tq_is_tq(t->type) ? 4 : 2;
+        const size_t align = ggml_tq_is_tq(t->type) ? 4 : 2;
         if (t->nb[1] % align || t->nb[2] % align || t->nb[3] % align) {
             return false;
         }

@@ -4,6 +4,7 @@
 
 #include "common.cuh"
 #include "convert.cuh"
+#include "ggml-tq.h" // ggml_tq_is_tq: the TQ types, from tq_formats.h
 #include "tq_env.h"
 
 #include <cstdlib>
@@ -24,11 +25,6 @@ static void tq_launch(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream,
     }
     kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
     CUDA_CHECK(cudaGetLastError());
-}
-
-static inline bool ggml_cuda_tq_is_tq(ggml_type t) {
-    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64 ||
-           t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96;
 }
 
 // supports_op for the ops the TQ types take part in. Returns -1 when no TQ type is involved (upstream decides),
