@@ -7,7 +7,7 @@
  *   LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE=1   CUDA: merge the tensor-core decode's splits in a separate kernel instead
  *                                         of in the kernel's last chunk
  *
- * A test (tests/test_repo_layout.py) keeps every getenv of csrc/ in this file. */
+ * A test (tests/test_repo_layout.py) keeps every environment read of csrc/ in this file. */
 #ifndef TQ_ENV_H
 #define TQ_ENV_H
 
@@ -17,9 +17,9 @@
 #define TQ_ENV_CUDA_PDL_DISABLE "LLAMA_TQ_CUDA_PDL_DISABLE"
 #define TQ_ENV_CUDA_FUSED_MERGE_DISABLE "LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE"
 
-/* 1 when the switch is set to anything but "" or "0". */
-static inline int tq_env_flag(const char * name) {
-    const char * v = getenv(name);
+/* 1 when the *_DISABLE switch is set to anything but "" or "0". */
+static inline int tq_env_flag(const char * name_DISABLE) {
+    const char * v = getenv(name_DISABLE);
     return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
