@@ -40,7 +40,8 @@ BUILTIN_TYPES = ["-include", "cstddef", "-include", "cstdint"]
 def embedded_source(tree: Path) -> str:
     """kernels/tq.metal as ggml-metal's CMake embeds it (the steps of its add_custom_command, in Python)."""
     k = tree / "ggml/src/ggml-metal"
-    text = (k / "kernels/common.h").read_text() + (METAL_SRC / "kernels/tq.metal").read_text()
+    headers = [k / "kernels/common.h", REPO / "csrc/codec/tq_codebooks.h"]  # the patch adds the codebooks for tq
+    text = "".join(h.read_text() for h in headers) + (METAL_SRC / "kernels/tq.metal").read_text()
     drop = (
         '#include "common.h"',
         '#include "dequantize.h"',
@@ -150,6 +151,10 @@ def test_patched_tree_wires_the_metal_kernels(tree: Path) -> None:
     assert sources and "kernels/tq.metal" in sources.group(1), "the embedded / precompiled library includes tq.metal"
     backend = re.search(r"ggml_add_backend_library\(ggml-metal(.*?)\)", cmake, re.S)
     assert backend and "ggml-metal-tq.cpp" in backend.group(1)
+    # tq.metal includes the codec's codebooks: prepended where the library is embedded, copied where it is compiled
+    embed = r'if\s*\(kind STREQUAL "tq"\)[^\n]*\n\s*list\(APPEND HEADERS_FOR_SRC [^)]*tq/tq_codebooks\.h\)'
+    assert re.search(embed, cmake)
+    assert re.search(r"configure_file\(\.\./tq/tq_codebooks\.h\s+\$\{CMAKE_RUNTIME_OUTPUT_DIRECTORY\}/kernels/", cmake)
     device = (m / "ggml-metal-device.m").read_text()
     libs = re.search(r"#define GGML_METAL_LIBS(.*?)\n\n", device, re.S)
     assert libs and re.search(r"X\(TQ,\s+tq\)", libs.group(1)), "kernels/tq.metal is a library kind (embedded symbol)"
@@ -167,6 +172,8 @@ def test_patched_tree_wires_the_metal_kernels(tree: Path) -> None:
                 str(tree / "ggml/include"),
                 "-I",
                 str(tree / "ggml/src"),
+                "-I",
+                str(tree / "ggml/src/tq"),  # ggml-base's public include directory (patch 0001)
                 "-I",
                 str(m),
                 str(m / f),
@@ -192,6 +199,8 @@ def test_every_kernel_name_the_host_asks_for_is_instantiated(base_tree: Path) ->
             str(COMPAT),
             "-I",
             str(base_tree / "ggml/src/ggml-metal"),
+            "-I",
+            str(REPO / "csrc/codec"),
             str(METAL_SRC / "kernels/tq.metal"),
         ],
         capture_output=True,
@@ -212,7 +221,11 @@ def test_every_kernel_name_the_host_asks_for_is_instantiated(base_tree: Path) ->
             f"kernel_cpy_{t}_f32",
             f"kernel_cpy_{t}_f16",
         }
-    for tqs, ds in ((("tq3", "tq4"), (128, 256)), (("tq3_64", "tq4_64"), (64, 192))):
+    # the head sizes supports_op admits: TQ_FA_HEADS's MTL rows (tq_formats.h)
+    from llama_tq import _codec
+
+    heads = {n: [r["head"] for r in _codec.FA_HEADS if r["backend"] == "MTL" and r["values"] == n] for n in (128, 64)}
+    for tqs, ds in ((("tq3", "tq4"), heads[128]), (("tq3_64", "tq4_64"), heads[64])):
         sides = ("f16", "q8_0", *tqs)
         for d in ds:
             want |= {f"kernel_tq_flash_attn_ext_{k}_{v}_d{d}" for k in sides for v in sides if k in tqs or v in tqs}
@@ -220,7 +233,7 @@ def test_every_kernel_name_the_host_asks_for_is_instantiated(base_tree: Path) ->
     assert len(names) == len(want), sorted(names - want)
     host = (METAL_SRC / "ggml-metal-tq.cpp").read_text()
     assert '"kernel_tq_flash_attn_ext_%s_%s_d%d"' in host
-    assert "d == 64 || d == 192" in host and "d == 128 || d == 256" in host
+    assert 'tq_fa_head_ok("MTL"' in host
 
 
 def test_metal_fa_kernel_matches_ggml_cpu_backend(base_tree: Path, tmp_path: Path) -> None:

@@ -67,3 +67,32 @@ def test_lab_patches_still_apply(patch: str) -> None:
         pytest.skip("not a git checkout")
     proc = subprocess.run(["git", "apply", "--check", f"lab/patches/{patch}"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_readme_support_matrix_is_the_capability_table() -> None:
+    """The README's GPU rows say what TQ_FA_HEADS (tq_formats.h) says: a head-size column names TQ types for a backend
+    exactly when the backend's flash-attention kernels take that head size with the block size it needs."""
+    from llama_tq import _codec
+
+    have = {(r["backend"], r["values"], r["head"]) for r in _codec.FA_HEADS}
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Support matrix") :].split("\n\n")[1].splitlines()
+    heads = [[int(h) for h in re.findall(r"\d+", c)] for c in table[0].strip("|").split("|")[1:]]
+    rows = {r.strip("|").split("|")[0].strip().split()[0]: r.strip("|").split("|")[1:] for r in table[2:]}
+    checked = 0
+    for backend, label in (("CUDA", "CUDA"), ("MTL", "Metal")):
+        for hs, cell in zip(heads, rows[label], strict=True):
+            if not hs:  # "other heads, MLA"
+                continue
+            block = 128 if hs[0] % 128 == 0 else 64 if hs[0] % 64 == 0 else 96
+            want = all((backend, block, h) in have for h in hs)
+            assert ("tq3" in cell) == want, f"README {label} at head {hs}: {cell.strip()!r}, table says {want}"
+            checked += 1
+    assert checked == 8
+
+
+def test_cuda_instance_files_are_generated() -> None:
+    """The per-K-kind CUDA instance files are exactly what the format table generates (no stale or missing one)."""
+    from llama_tq.tooling import cuda_instances
+
+    assert cuda_instances.stale(REPO) == [], "run: python -m llama_tq.tooling.cuda_instances --write"

@@ -6,24 +6,32 @@
 #ifndef TQ_CODEBOOKS_H
 #define TQ_CODEBOOKS_H
 
+/* The Metal kernels include this header too (kernels/tq.metal): tables at program scope live in Metal's
+ * constant address space. */
+#ifdef __METAL_VERSION__
+#define TQ_TABLE constant
+#else
+#define TQ_TABLE static const
+#endif
+
 /* 3-bit, d = 128: per-coordinate MSE 2.653588e-04, unit-vector MSE 0.033966 */
-static const float TQ3_CENTROIDS[8] = {
+TQ_TABLE float TQ3_CENTROIDS[8] = {
     -1.883936557e-01f, -1.181363187e-01f, -6.658319621e-02f, -2.160344849e-02f,
     +2.160344849e-02f, +6.658319621e-02f, +1.181363187e-01f, +1.883936557e-01f
 };
-static const float TQ3_BOUNDARIES[7] = {
+TQ_TABLE float TQ3_BOUNDARIES[7] = {
     -1.532649872e-01f, -9.235975745e-02f, -4.409332235e-02f, +0.000000000e+00f,
     +4.409332235e-02f, +9.235975745e-02f, +1.532649872e-01f
 };
 
 /* 4-bit, d = 128: per-coordinate MSE 7.277179e-05, unit-vector MSE 0.009315 */
-static const float TQ4_CENTROIDS[16] = {
+TQ_TABLE float TQ4_CENTROIDS[16] = {
     -2.376510279e-01f, -1.808207527e-01f, -1.417892375e-01f, -1.102728514e-01f,
     -8.281424792e-02f, -5.776069174e-02f, -3.414408551e-02f, -1.129995875e-02f,
     +1.129995875e-02f, +3.414408551e-02f, +5.776069174e-02f, +8.281424792e-02f,
     +1.102728514e-01f, +1.417892375e-01f, +1.808207527e-01f, +2.376510279e-01f
 };
-static const float TQ4_BOUNDARIES[15] = {
+TQ_TABLE float TQ4_BOUNDARIES[15] = {
     -2.092358903e-01f, -1.613049951e-01f, -1.260310445e-01f, -9.654354968e-02f,
     -7.028746983e-02f, -4.595238862e-02f, -2.272202213e-02f, +0.000000000e+00f,
     +2.272202213e-02f, +4.595238862e-02f, +7.028746983e-02f, +9.654354968e-02f,
@@ -31,23 +39,23 @@ static const float TQ4_BOUNDARIES[15] = {
 };
 
 /* 3-bit, d = 64: per-coordinate MSE 5.217318e-04, unit-vector MSE 0.033391 */
-static const float TQ3_64_CENTROIDS[8] = {
+TQ_TABLE float TQ3_64_CENTROIDS[8] = {
     -2.639115709e-01f, -1.661649335e-01f, -9.382947907e-02f, -3.046795651e-02f,
     +3.046795651e-02f, +9.382947907e-02f, +1.661649335e-01f, +2.639115709e-01f
 };
-static const float TQ3_64_BOUNDARIES[7] = {
+TQ_TABLE float TQ3_64_BOUNDARIES[7] = {
     -2.150382522e-01f, -1.299972063e-01f, -6.214871779e-02f, +0.000000000e+00f,
     +6.214871779e-02f, +1.299972063e-01f, +2.150382522e-01f
 };
 
 /* 4-bit, d = 64: per-coordinate MSE 1.426800e-04, unit-vector MSE 0.009132 */
-static const float TQ4_64_CENTROIDS[16] = {
+TQ_TABLE float TQ4_64_CENTROIDS[16] = {
     -3.307835417e-01f, -2.528989241e-01f, -1.988409992e-01f, -1.549109883e-01f,
     -1.164736051e-01f, -8.130128890e-02f, -4.808291897e-02f, -1.591654776e-02f,
     +1.591654776e-02f, +4.808291897e-02f, +8.130128890e-02f, +1.164736051e-01f,
     +1.549109883e-01f, +1.988409992e-01f, +2.528989241e-01f, +3.307835417e-01f
 };
-static const float TQ4_64_BOUNDARIES[15] = {
+TQ_TABLE float TQ4_64_BOUNDARIES[15] = {
     -2.918412329e-01f, -2.258699616e-01f, -1.768759937e-01f, -1.356922967e-01f,
     -9.888744701e-02f, -6.469210393e-02f, -3.199973337e-02f, +0.000000000e+00f,
     +3.199973337e-02f, +6.469210393e-02f, +9.888744701e-02f, +1.356922967e-01f,
@@ -55,23 +63,23 @@ static const float TQ4_64_BOUNDARIES[15] = {
 };
 
 /* 3-bit, d = 96: per-coordinate MSE 3.518071e-04, unit-vector MSE 0.033773 */
-static const float TQ3_96_CENTROIDS[8] = {
+TQ_TABLE float TQ3_96_CENTROIDS[8] = {
     -2.168496044e-01f, -1.361648260e-01f, -7.679233953e-02f, -2.492241164e-02f,
     +2.492241164e-02f, +7.679233953e-02f, +1.361648260e-01f, +2.168496044e-01f
 };
-static const float TQ3_96_BOUNDARIES[7] = {
+TQ_TABLE float TQ3_96_BOUNDARIES[7] = {
     -1.765072152e-01f, -1.064785827e-01f, -5.085737559e-02f, +0.000000000e+00f,
     +5.085737559e-02f, +1.064785827e-01f, +1.765072152e-01f
 };
 
 /* 4-bit, d = 96: per-coordinate MSE 9.638928e-05, unit-vector MSE 0.009253 */
-static const float TQ4_96_CENTROIDS[16] = {
+TQ_TABLE float TQ4_96_CENTROIDS[16] = {
     -2.729581787e-01f, -2.080216584e-01f, -1.632655102e-01f, -1.270490659e-01f,
     -9.545059045e-02f, -6.659169682e-02f, -3.937073649e-02f, -1.303074706e-02f,
     +1.303074706e-02f, +3.937073649e-02f, +6.659169682e-02f, +9.545059045e-02f,
     +1.270490659e-01f, +1.632655102e-01f, +2.080216584e-01f, +2.729581787e-01f
 };
-static const float TQ4_96_BOUNDARIES[15] = {
+TQ_TABLE float TQ4_96_BOUNDARIES[15] = {
     -2.404899185e-01f, -1.856435843e-01f, -1.451572880e-01f, -1.112498282e-01f,
     -8.102114363e-02f, -5.298121666e-02f, -2.620074178e-02f, +0.000000000e+00f,
     +2.620074178e-02f, +5.298121666e-02f, +8.102114363e-02f, +1.112498282e-01f,
@@ -79,7 +87,7 @@ static const float TQ4_96_BOUNDARIES[15] = {
 };
 
 /* Sub-block scale multipliers: 0.6 * (1.5 / 0.6)^(j / 15) */
-static const float TQ_SUBSCALE[16] = {
+TQ_TABLE float TQ_SUBSCALE[16] = {
     +6.000000000e-01f, +6.377942276e-01f, +6.779691279e-01f, +7.206746604e-01f,
     +7.660702306e-01f, +8.143252850e-01f, +8.656199435e-01f, +9.201456721e-01f,
     +9.781059970e-01f, +1.039717265e+00f, +1.105209450e+00f, +1.174827012e+00f,

@@ -10,6 +10,8 @@
 #ifndef TQ_FORMATS_H
 #define TQ_FORMATS_H
 
+#include <string.h>
+
 #define TQ_FORMATS(X)                                                                                                 \
     X(tq3, TQ3, 128, 3, 52, TQ_QROT)                                                                                  \
     X(tq4, TQ4, 128, 4, 68, TQ_QROT)                                                                                  \
@@ -28,5 +30,37 @@
     typedef char tq_format_size_##name[(bytes) == 4 + (values) * (bits) / 8 ? 1 : -1];
 TQ_FORMATS(TQ_FORMAT_SIZE_CHECK)
 #undef TQ_FORMAT_SIZE_CHECK
+
+/* What each GPU backend's flash-attention kernels take, by ggml registry name: X(backend, values per block, head
+ * size) for a TQ cache of that block size (K, V or both). The CPU takes every head size a block divides. Read by the
+ * backends' supports_op (CUDA's ggml_cuda_tq_fattn_handles, Metal's ggml_metal_tq_supports_op), by libllama's choice
+ * of block size (llama_tq_type_for_heads refuses a 64- or 96-value cache on a GPU backend without its head size), and
+ * checked against the README's support matrix (llama_tq._codec.FA_HEADS, tests/test_repo_layout.py). */
+#define TQ_FA_HEADS(X)                                                                                                \
+    X(CUDA, 128, 128) X(CUDA, 128, 256) X(CUDA, 64, 64) X(CUDA, 96, 96)                                               \
+    X(MTL, 128, 128) X(MTL, 128, 256) X(MTL, 64, 64) X(MTL, 64, 192)
+
+/* Whether backend `backend` (a registry name: "CUDA", "MTL") has a flash-attention kernel for TQ blocks of `values`
+ * at head size `head`. */
+static inline int tq_fa_head_ok(const char *backend, int values, int head) {
+#define TQ_FA_HEAD_MATCH(b, v, h)                                                                                     \
+    if (strcmp(backend, #b) == 0 && values == (v) && head == (h)) {                                                   \
+        return 1;                                                                                                     \
+    }
+    TQ_FA_HEADS(TQ_FA_HEAD_MATCH)
+#undef TQ_FA_HEAD_MATCH
+    return 0;
+}
+
+/* Whether `backend` appears in TQ_FA_HEADS at all (a GPU backend with TQ kernels). */
+static inline int tq_fa_backend_known(const char *backend) {
+#define TQ_FA_BACKEND_MATCH(b, v, h)                                                                                  \
+    if (strcmp(backend, #b) == 0) {                                                                                   \
+        return 1;                                                                                                     \
+    }
+    TQ_FA_HEADS(TQ_FA_BACKEND_MATCH)
+#undef TQ_FA_BACKEND_MATCH
+    return 0;
+}
 
 #endif /* TQ_FORMATS_H */

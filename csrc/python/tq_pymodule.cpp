@@ -170,6 +170,12 @@ PYBIND11_MODULE(_codec, m) {
     m.attr("BLOCK_VALUES") = values;
     m.attr("BLOCK_BYTES") = bytes;
     m.attr("FORMATS") = formats;
+    py::list fa_heads;  // the GPU backends' flash-attention head sizes per block size (tq_formats.h)
+#define TQ_PY_FA_HEAD(b, v, h)                                                                                        \
+    fa_heads.append(py::dict(py::arg("backend") = #b, py::arg("values") = v, py::arg("head") = h));
+    TQ_FA_HEADS(TQ_PY_FA_HEAD)
+#undef TQ_PY_FA_HEAD
+    m.attr("FA_HEADS") = fa_heads;
     m.def("quantize", &quantize, py::arg("x"), py::arg("kind"),
           "Quantize float32 values (last axis a multiple of the kind's block: 128, 64 for tq3_64/tq4_64, 96 for "
           "tq3_96/tq4_96) "

@@ -6,6 +6,7 @@ BLOCK: int
 BLOCK_VALUES: dict[str, int]
 BLOCK_BYTES: dict[str, int]
 FORMATS: list[dict[str, int | str]]  # name, values, bits, bytes: tq_formats.h
+FA_HEADS: list[dict[str, int | str]]  # backend, values, head: the GPU flash-attention kernels (tq_formats.h)
 
 def quantize(x: npt.ArrayLike, kind: str) -> npt.NDArray[np.uint8]: ...
 def dequantize(blocks: npt.ArrayLike, kind: str) -> npt.NDArray[np.float32]: ...

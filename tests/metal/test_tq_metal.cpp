@@ -56,9 +56,6 @@ static void test_tables() {
             }
         }
     }
-    for (int j = 0; j < 16; ++j) {
-        CHECK(fbits(tq_mtl_subscale[j]) == fbits(tq_subscales()[j]), "multiplier %d", j);
-    }
     for (int w = 0; w < 4; ++w) {
         CHECK(tq_mtl_signs[w] == TQ_SIGNS[w], "sign word %d", w);
     }

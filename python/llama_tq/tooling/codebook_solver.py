@@ -104,6 +104,14 @@ def render_header(books: list[Codebook]) -> str:
         "#ifndef TQ_CODEBOOKS_H",
         "#define TQ_CODEBOOKS_H",
         "",
+        "/* The Metal kernels include this header too (kernels/tq.metal): tables at program scope live in Metal's",
+        " * constant address space. */",
+        "#ifdef __METAL_VERSION__",
+        "#define TQ_TABLE constant",
+        "#else",
+        "#define TQ_TABLE static const",
+        "#endif",
+        "",
     ]
     for b in books:
         n = len(b.centroids)
@@ -113,14 +121,14 @@ def render_header(books: list[Codebook]) -> str:
             f"unit-vector MSE {b.unit_vector_mse:.6f} */"
         )
         vals = ",\n    ".join(", ".join(f"{v:+.9e}f" for v in b.centroids[i : i + 4]) for i in range(0, n, 4))
-        lines.append(f"static const float {name}_CENTROIDS[{n}] = {{\n    {vals}\n}};")
+        lines.append(f"TQ_TABLE float {name}_CENTROIDS[{n}] = {{\n    {vals}\n}};")
         vals = ",\n    ".join(", ".join(f"{v:+.9e}f" for v in b.boundaries[i : i + 4]) for i in range(0, n - 1, 4))
-        lines.append(f"static const float {name}_BOUNDARIES[{n - 1}] = {{\n    {vals}\n}};")
+        lines.append(f"TQ_TABLE float {name}_BOUNDARIES[{n - 1}] = {{\n    {vals}\n}};")
         lines.append("")
     m = subscales()
     vals = ",\n    ".join(", ".join(f"{v:+.9e}f" for v in m[i : i + 4]) for i in range(0, len(m), 4))
     lines.append(f"/* Sub-block scale multipliers: {SUBSCALE_LO} * ({SUBSCALE_HI} / {SUBSCALE_LO})^(j / 15) */")
-    lines.append(f"static const float TQ_SUBSCALE[{len(m)}] = {{\n    {vals}\n}};")
+    lines.append(f"TQ_TABLE float TQ_SUBSCALE[{len(m)}] = {{\n    {vals}\n}};")
     lines.append("")
     lines.append("#endif /* TQ_CODEBOOKS_H */")
     return "\n".join(lines) + "\n"

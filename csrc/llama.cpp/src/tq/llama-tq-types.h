@@ -13,8 +13,11 @@
 #include "llama-impl.h"
 #include "llama-model.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 
 // TQ3_64 / TQ3_96 -> TQ3, TQ4_64 / TQ4_96 -> TQ4 (the policies are decided per bit width); other types unchanged.
@@ -26,21 +29,26 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
 
 // The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64- or 96-value blocks where a head size
 // needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
-// offload_kqv: layers whose device is not the CPU keep their KV there; of the GPU backends only CUDA has kernels for
-// the 64- and 96-value blocks, and its flash attention (upstream's too) takes head sizes 64 and 96 among these sizes.
+// offload_kqv: layers whose device is not the CPU keep their KV there. The CPU takes every head size; a GPU backend
+// takes a 64- or 96-value cache only at the head sizes its flash-attention kernels have (TQ_FA_HEADS, tq_formats.h:
+// the table its supports_op reads), anything else is refused here rather than run on the CPU a step at a time. The
+// 128-value blocks are never refused: where a backend lacks the head size, upstream's kernels run after a conversion.
 inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
     if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
         return t;
     }
     const llama_hparams & hp = model.hparams;
-    bool kv_on_cuda = false, kv_on_other_gpu = false;
+    std::vector<std::string> gpus; // registry names of the non-CPU backends that hold KV layers
     for (uint32_t il = 0; offload_kqv && il < hp.n_layer(); ++il) {
         ggml_backend_dev_t dev = model.dev_layer((int) il);
         if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
             continue;
         }
         const char * reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
-        (reg != nullptr && std::strcmp(reg, "CUDA") == 0 ? kv_on_cuda : kv_on_other_gpu) = true;
+        const std::string name = reg != nullptr ? reg : "?";
+        if (std::find(gpus.begin(), gpus.end(), name) == gpus.end()) {
+            gpus.push_back(name);
+        }
     }
     const char * side = is_k ? "K" : "V";
     if (hp.is_mla()) {
@@ -49,7 +57,7 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
                         hp.n_embd_head_k_mla());
         return GGML_TYPE_COUNT;
     }
-    bool all128 = true, all64 = true, all96 = true, only64 = true, only96 = true;
+    bool all128 = true, all64 = true, all96 = true;
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
@@ -58,8 +66,6 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
         all128 = all128 && head % 128 == 0;
         all64  = all64 && head % 64 == 0;
         all96  = all96 && head % 96 == 0;
-        only64 = only64 && head == 64;
-        only96 = only96 && head == 96;
         if (head % 64 != 0 && head % 96 != 0) {
             LLAMA_LOG_ERROR("%s: %s cache type %s does not support head size %u (layer %u): TQ types need a multiple "
                             "of 64 or 96 (128-value blocks for multiples of 128, 64- or 96-value blocks otherwise); "
@@ -79,11 +85,25 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
     const ggml_type tn = all64 ? (t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_64 : GGML_TYPE_TQ4_64)
                                : (t == GGML_TYPE_TQ3 ? GGML_TYPE_TQ3_96 : GGML_TYPE_TQ4_96);
     const int64_t bs = ggml_blck_size(tn);
-    if (kv_on_other_gpu || (kv_on_cuda && !(all64 ? only64 : only96))) {
-        LLAMA_LOG_ERROR("%s: %s cache type %s needs %d-value blocks (%s) for this model's head size, which run on the "
-                        "CPU and, for head size %d, on CUDA: keep the KV cache on the CPU (--no-kv-offload / -nkvo) or "
-                        "use q4_0\n", __func__, side, ggml_type_name(t), (int) bs, ggml_type_name(tn), (int) bs);
-        return GGML_TYPE_COUNT;
+    for (const std::string & gpu : gpus) {
+        for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+            const uint32_t head = is_k ? hp.n_embd_head_k(il) : hp.n_embd_head_v(il);
+            if (!hp.has_kv(il) || tq_fa_head_ok(gpu.c_str(), (int) bs, (int) head)) {
+                continue;
+            }
+            std::string heads; // what this backend has for the block size
+#define TQ_HEADS_OF(b, v, h)                                                                                      \
+    if (gpu == #b && (v) == bs) {                                                                                 \
+        heads += (heads.empty() ? "" : ", ") + std::to_string(h);                                                 \
+    }
+            TQ_FA_HEADS(TQ_HEADS_OF)
+#undef TQ_HEADS_OF
+            LLAMA_LOG_ERROR("%s: %s cache type %s needs %d-value blocks (%s) for head size %u, which the %s backend has "
+                            "no kernels for (%s): keep the KV cache on the CPU (--no-kv-offload / -nkvo) or use q4_0\n",
+                            __func__, side, ggml_type_name(t), (int) bs, ggml_type_name(tn), head, gpu.c_str(),
+                            heads.empty() ? "it has none for these blocks" : ("it has head sizes " + heads).c_str());
+            return GGML_TYPE_COUNT;
+        }
     }
     LLAMA_LOG_INFO("%s: %s cache type %s uses %d-value blocks (%s, %.3f bits per value) for this model's head size\n",
                    __func__, side, ggml_type_name(t), (int) bs, ggml_type_name(tn),

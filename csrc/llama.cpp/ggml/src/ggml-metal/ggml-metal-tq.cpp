@@ -5,16 +5,29 @@
 #include "ggml-backend-impl.h"
 #include "ggml-impl.h"
 #include "ggml-metal-impl.h"
+#include "ggml-tq.h" // the TQ types and the backends' head sizes (tq_formats.h)
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
+// The TQ types kernels/tq.metal has: those of a block size with MTL rows in TQ_FA_HEADS (tq_formats.h). The others
+// (the 96-value blocks) are left to upstream's checks, which refuse them: the scheduler runs them on the CPU.
 static bool tq_is_tq(ggml_type t) {
-    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ4 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64;
+    if (!ggml_tq_is_tq(t)) {
+        return false;
+    }
+    const int64_t n = ggml_blck_size(t);
+#define TQ_MTL_BLOCK(b, v, h)                     \
+    if (std::strcmp(#b, "MTL") == 0 && n == (v)) { \
+        return true;                              \
+    }
+    TQ_FA_HEADS(TQ_MTL_BLOCK)
+#undef TQ_MTL_BLOCK
+    return false;
 }
 
-static bool tq_is_64(ggml_type t) { return t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64; }
+static bool tq_is_64(ggml_type t) { return ggml_blck_size(t) == 64; }
 
 bool ggml_metal_tq_involved(const ggml_tensor * op) {
     if (tq_is_tq(op->type)) {
@@ -29,7 +42,7 @@ bool ggml_metal_tq_involved(const ggml_tensor * op) {
 }
 
 // The K/V pairs and head sizes kernels/tq.metal instantiates: a TQ side, the other f16, q8_0 or TQ of the same
-// block size; heads 128/256 for tq3/tq4, 64/192 for the 64-value blocks.
+// block size; the head sizes of TQ_FA_HEADS's MTL rows (tq_formats.h).
 static bool tq_fa_supported(const ggml_tensor * op) {
     const ggml_tensor * q = op->src[0], * k = op->src[1], * v = op->src[2], * mask = op->src[3], * sinks = op->src[4];
     const ggml_type tk = k->type, tv = v->type;
@@ -39,7 +52,7 @@ static bool tq_fa_supported(const ggml_tensor * op) {
         return t == GGML_TYPE_F16 || t == GGML_TYPE_Q8_0 || (tq_is_tq(t) && tq_is_64(t) == b64);
     };
     const int64_t d = k->ne[0];
-    const bool d_ok = b64 ? (d == 64 || d == 192) : (d == 128 || d == 256);
+    const bool d_ok = tq_fa_head_ok("MTL", b64 ? 64 : 128, (int) d); // tq_formats.h: the head sizes instantiated
     return (k_tq || v_tq) && partner_ok(tk) && partner_ok(tv) && d_ok && v->ne[0] == d && q->ne[0] == d &&
            q->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32 && (mask == nullptr || mask->type == GGML_TYPE_F16) &&
            (sinks == nullptr || sinks->type == GGML_TYPE_F32) && q->ne[2] % k->ne[2] == 0 && q->ne[3] % k->ne[3] == 0;

@@ -26,8 +26,6 @@ const char *ggml_tq_cpu_isa(void) {
 #endif
 }
 
-void ggml_tq_qrot_from_float(const float *x, void *y, int64_t k) { tq_rotate_row(x, y, k); }
-
 static inline float tq_scale_of(const uint8_t *blk) {
     return tq_bf16_to_fp32((uint16_t)(blk[0] | (blk[1] << 8)));
 }
@@ -58,13 +56,6 @@ static inline __m256i tq3_indices8(const uint8_t *q, int g) {
     const int w = q[3 * g] | (q[3 * g + 1] << 8) | (q[3 * g + 2] << 16);
     const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
     return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(7));
-}
-
-/* The 8 indices of values 32k+8j..32k+8j+7 of a tq4 block: low nibbles of bytes 32(k&1)+8j.. for k < 2, high
- * nibbles for k >= 2 (byte j holds values j and j+64). */
-static inline __m256i tq4_indices8(const uint8_t *q, int k, int j) {
-    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 32 * (k & 1) + 8 * j)));
-    return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm256_set1_epi32(15));
 }
 
 #ifndef GGML_TQ_AVX512 /* superseded there */
@@ -126,7 +117,7 @@ static unsigned tq_pick_subscale_avx2(int bits, const float *y, uint8_t *idx) {
 #endif
 
 #ifdef GGML_TQ_AVX512
-/* The 16 indices of values 16h..16h+15 of a tq3 block (groups 2h and 2h+1, 6 bytes). */
+/* The 16 indices of tq3 groups 2h and 2h+1 (values 16h..16h+15, 6 bytes). */
 static inline __m512i tq3_indices16(const uint8_t *q, int h) {
     const uint8_t *p = q + 6 * h;
     const int w0 = p[0] | (p[1] << 8) | (p[2] << 16);
@@ -136,23 +127,15 @@ static inline __m512i tq3_indices16(const uint8_t *q, int h) {
     return _mm512_and_si512(_mm512_srlv_epi32(w, shifts), _mm512_set1_epi32(7));
 }
 
-/* The 16 indices of values 32k+16h..32k+16h+15 of a tq4 block (see tq4_indices8). */
-static inline __m512i tq4_indices16(const uint8_t *q, int k, int h) {
-    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * (k & 1) + 16 * h)));
-    return _mm512_and_si512(_mm512_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm512_set1_epi32(15));
-}
-
 /* Lanes 8..15 (AVX512F only: the f32x8 extract needs DQ). */
 static inline __m256 tq_upper8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
-/* The codebook as a 16-entry table (tq3's 8 centroids repeated: its indices are < 8). */
-static inline __m512 tq_table16(int bits) {
-    const __m256 lo = _mm256_loadu_ps(tq_centroids(bits));
-    return bits == 4 ? _mm512_loadu_ps(tq_centroids(4)) : _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(lo), 1));
-}
-
-static inline __m512 tq_lookup16(int bits, __m512 table, const uint8_t *q, int k, int h) {
-    return _mm512_permutexvar_ps(bits == 3 ? tq3_indices16(q, 2 * k + h) : tq4_indices16(q, k, h), table);
+/* A codebook as a 16-entry table (tq3's 8 centroids repeated: its indices are < 8). */
+static inline __m512 tq_table16(const float *cent, int bits) {
+    const __m256 lo = _mm256_loadu_ps(cent);
+    return bits == 4 ? _mm512_loadu_ps(cent)
+                     : _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                                                           _mm256_castps_pd(lo), 1));
 }
 
 /* tq_pick_subscale, 16 values per instruction, bit-identical to it: the AVX2 picker's comparisons and
@@ -161,7 +144,7 @@ static inline __m512 tq_lookup16(int bits, __m512 table, const uint8_t *q, int k
 static unsigned tq_pick_subscale_avx512(int bits, const float *y, uint8_t *idx) {
     const float *sub = tq_subscales();
     const int nb = (1 << bits) - 1;
-    const __m512 table = tq_table16(bits);
+    const __m512 table = tq_table16(tq_centroids(bits), bits);
     const __m512i one = _mm512_set1_epi32(1);
     const __m512 y0 = _mm512_loadu_ps(y), y1 = _mm512_loadu_ps(y + 16);
     float best_err = INFINITY;
@@ -197,40 +180,6 @@ static unsigned tq_pick_subscale_avx512(int bits, const float *y, uint8_t *idx) 
     return best;
 }
 
-static float tq_dot_avx512(int bits, int n, const uint8_t *x, const float *q) {
-    const float *sub = tq_subscales();
-    const __m512 table = tq_table16(bits);
-    const size_t bb = tq_block_bytes(bits);
-    __m512 total = _mm512_setzero_ps();
-    for (int b = 0; b < n / TQ_BLOCK; ++b, x += bb, q += TQ_BLOCK) {
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        __m512 blk = _mm512_setzero_ps();
-        for (int k = 0; k < 4; ++k) {
-            __m512 acc = _mm512_mul_ps(tq_lookup16(bits, table, p, k, 0), _mm512_loadu_ps(q + 32 * k));
-            acc = _mm512_fmadd_ps(tq_lookup16(bits, table, p, k, 1), _mm512_loadu_ps(q + 32 * k + 16), acc);
-            blk = _mm512_fmadd_ps(_mm512_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
-        }
-        total = _mm512_fmadd_ps(_mm512_set1_ps(tq_scale_of(x)), blk, total);
-    }
-    return _mm512_reduce_add_ps(total);
-}
-
-static void tq_to_float_rotated_avx512(int bits, const uint8_t *x, float *y, int64_t k) {
-    const float *sub = tq_subscales();
-    const __m512 table = tq_table16(bits);
-    const size_t bb = tq_block_bytes(bits);
-    for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
-        const float s = tq_scale_of(x);
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        for (int kk = 0; kk < 4; ++kk) {
-            const __m512 f = _mm512_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
-            _mm512_storeu_ps(y + 32 * kk, _mm512_mul_ps(f, tq_lookup16(bits, table, p, kk, 0)));
-            _mm512_storeu_ps(y + 32 * kk + 16, _mm512_mul_ps(f, tq_lookup16(bits, table, p, kk, 1)));
-        }
-    }
-}
 #define TQ_PICKER tq_pick_subscale_avx512
 #elif defined(GGML_TQ_AVX2)
 #define TQ_PICKER tq_pick_subscale_avx2
@@ -238,122 +187,14 @@ static void tq_to_float_rotated_avx512(int bits, const uint8_t *x, float *y, int
 #define TQ_PICKER tq_pick_subscale
 #endif
 
-void ggml_tq3_from_float(const float *x, void *y, int64_t k) { tq_quantize_row_with(3, x, y, k, TQ_PICKER); }
-void ggml_tq4_from_float(const float *x, void *y, int64_t k) { tq_quantize_row_with(4, x, y, k, TQ_PICKER); }
-
-void ggml_vec_dot_tq3_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc) {
-    (void)bs; (void)bx; (void)by; (void)nrc;
-#if defined(GGML_TQ_AVX512)
-    *s = tq_dot_avx512(3, n, (const uint8_t *)vx, (const float *)vy);
-#elif defined(GGML_TQ_AVX2)
-    const uint8_t *x = (const uint8_t *)vx;
-    const float *q = (const float *)vy;
-    const float *sub = tq_subscales();
-    const __m256 table = _mm256_loadu_ps(tq_centroids(3));
-    __m256 total = _mm256_setzero_ps();
-    for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ3_BLOCK_BYTES, q += TQ_BLOCK) {
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        __m256 blk = _mm256_setzero_ps();
-        for (int k = 0; k < 4; ++k) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int g = 4 * k; g < 4 * k + 4; ++g) { /* group g: values 8g..8g+7 in 3 bytes */
-                acc = _mm256_fmadd_ps(tq3_lookup(table, tq3_indices8(p, g)), _mm256_loadu_ps(q + 8 * g), acc);
-            }
-            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
-        }
-        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
-    }
-    *s = tq_hsum(total);
-#else
-    *s = tq_dot_rotated_row(3, vx, (const float *)vy, n);
-#endif
-}
-
-void ggml_vec_dot_tq4_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc) {
-    (void)bs; (void)bx; (void)by; (void)nrc;
-#if defined(GGML_TQ_AVX512)
-    *s = tq_dot_avx512(4, n, (const uint8_t *)vx, (const float *)vy);
-#elif defined(GGML_TQ_AVX2)
-    const uint8_t *x = (const uint8_t *)vx;
-    const float *q = (const float *)vy;
-    const float *sub = tq_subscales();
-    const __m256 lo = _mm256_loadu_ps(tq_centroids(4));
-    const __m256 hi = _mm256_loadu_ps(tq_centroids(4) + 8);
-    __m256 total = _mm256_setzero_ps();
-    for (int b = 0; b < n / TQ_BLOCK; ++b, x += TQ4_BLOCK_BYTES, q += TQ_BLOCK) {
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        __m256 blk = _mm256_setzero_ps();
-        for (int k = 0; k < 4; ++k) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int j = 0; j < 4; ++j) {
-                const __m256 c = tq4_lookup(lo, hi, tq4_indices8(p, k, j));
-                acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(q + 32 * k + 8 * j), acc);
-            }
-            blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
-        }
-        total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
-    }
-    *s = tq_hsum(total);
-#else
-    *s = tq_dot_rotated_row(4, vx, (const float *)vy, n);
-#endif
-}
-
-/* Rotated-domain row decode for the FA V path: y = s * m_k * c[idx] per value. */
-#if defined(GGML_TQ_AVX2) && !defined(GGML_TQ_AVX512)
-static void tq_to_float_rotated_avx2(int bits, const uint8_t *x, float *y, int64_t k) {
-    const float *cent = tq_centroids(bits);
-    const float *sub = tq_subscales();
-    const __m256 c_lo = _mm256_loadu_ps(cent);
-    const __m256 c_hi = bits == 4 ? _mm256_loadu_ps(cent + 8) : c_lo;
-    const size_t bb = tq_block_bytes(bits);
-    for (int64_t b = 0; b < k / TQ_BLOCK; ++b, x += bb, y += TQ_BLOCK) {
-        const float s = tq_scale_of(x);
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        for (int kk = 0; kk < 4; ++kk) {
-            const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
-            for (int j = 0; j < 4; ++j) {
-                const int g = 4 * kk + j; /* 8 values 8g..8g+7 */
-                const __m256 c = bits == 3 ? tq3_lookup(c_lo, tq3_indices8(p, g))
-                                           : tq4_lookup(c_lo, c_hi, tq4_indices8(p, kk, j));
-                _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(f, c));
-            }
-        }
-    }
-}
-#endif
-
-void ggml_tq3_to_float_rotated(const void *x, float *y, int64_t k) {
-#if defined(GGML_TQ_AVX512)
-    tq_to_float_rotated_avx512(3, (const uint8_t *)x, y, k);
-#elif defined(GGML_TQ_AVX2)
-    tq_to_float_rotated_avx2(3, (const uint8_t *)x, y, k);
-#else
-    tq_dequantize_row_rotated(3, x, y, k);
-#endif
-}
-
-void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k) {
-#if defined(GGML_TQ_AVX512)
-    tq_to_float_rotated_avx512(4, (const uint8_t *)x, y, k);
-#elif defined(GGML_TQ_AVX2)
-    tq_to_float_rotated_avx2(4, (const uint8_t *)x, y, k);
-#else
-    tq_dequantize_row_rotated(4, x, y, k);
-#endif
-}
-
-void ggml_tq_unrotate_inplace(float *v, int64_t n) { tq_unrotate_row(v, v, n); }
-
-/* Blocks of nb = 64 or 96 values, 8 per instruction (AVX2; under AVX-512 the 64-value blocks have 16-wide code of
- * their own). Sub-block k is values (nb/4)k .. (nb/4)(k+1)-1, nb/32 groups of 8: for tq3 the 3-byte groups
- * (nb/32)k + j; for tq4 the low (k < 2) or high (k >= 2) nibbles of bytes (nb/4)(k & 1) + 8j .. (byte i holds
- * values i and i + nb/2). Without AVX2: the codec's C loops. */
+/* One K dot and one V-row decoder for every block size nb (tq_formats.h). Sub-block k holds values (nb/4)k ..
+ * (nb/4)(k+1)-1: for tq3 the 3-byte groups of 8 values (nb/32)k + j; for tq4 the low (k < 2) or high (k >= 2)
+ * nibbles of bytes (nb/4)(k & 1) + .. (byte i holds values i and i + nb/2). 16 values per instruction under AVX-512
+ * where a sub-block is a multiple of 16 values (nb = 64, 128), 8 under AVX2 (and nb = 96 under AVX-512), the
+ * codec's C loops otherwise. */
 #if defined(GGML_TQ_AVX2)
-static inline __m256 tqn_lookup8(int bits, int nb, __m256 lo, __m256 hi, const uint8_t *p, int k, int j) {
+/* Values (nb/4)k + 8j .. +7 of sub-block k. */
+static inline __m256 tq_lookup8(int bits, int nb, __m256 lo, __m256 hi, const uint8_t *p, int k, int j) {
     if (bits == 3) {
         return tq3_lookup(lo, tq3_indices8(p, nb / 32 * k + j));
     }
@@ -362,8 +203,68 @@ static inline __m256 tqn_lookup8(int bits, int nb, __m256 lo, __m256 hi, const u
                                          _mm256_set1_epi32(15));
     return tq4_lookup(lo, hi, idx);
 }
+#endif
 
-static float tqn_dot(int bits, int nb, int n, const uint8_t *x, const float *q) {
+#if defined(GGML_TQ_AVX512)
+/* Values (nb/4)k + 16h .. +15 of sub-block k. */
+static inline __m512 tq_lookup16(int bits, int nb, __m512 table, const uint8_t *p, int k, int h) {
+    if (bits == 3) {
+        return _mm512_permutexvar_ps(tq3_indices16(p, nb / 64 * k + h), table);
+    }
+    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + nb / 4 * (k & 1) + 16 * h)));
+    const __m512i idx = _mm512_and_si512(_mm512_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)),
+                                         _mm512_set1_epi32(15));
+    return _mm512_permutexvar_ps(idx, table);
+}
+
+static float tq_dot16(int bits, int nb, int n, const uint8_t *x, const float *q) {
+    const float *sub = tq_subscales();
+    const __m512 table = tq_table16(tq_centroids_n(bits, nb), bits);
+    const size_t bb = tq_block_bytes_n(bits, nb);
+    const int len = nb / 4;
+    __m512 total = _mm512_setzero_ps();
+    for (int b = 0; b < n / nb; ++b, x += bb, q += nb) {
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        __m512 blk = _mm512_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            __m512 acc = _mm512_mul_ps(tq_lookup16(bits, nb, table, p, k, 0), _mm512_loadu_ps(q + len * k));
+            for (int h = 1; h < len / 16; ++h) {
+                acc = _mm512_fmadd_ps(tq_lookup16(bits, nb, table, p, k, h), _mm512_loadu_ps(q + len * k + 16 * h), acc);
+            }
+            blk = _mm512_fmadd_ps(_mm512_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
+        }
+        total = _mm512_fmadd_ps(_mm512_set1_ps(tq_scale_of(x)), blk, total);
+    }
+    return _mm512_reduce_add_ps(total);
+}
+
+static void tq_rows16(int bits, int nb, const uint8_t *x, float *y, int64_t k) {
+    const float *sub = tq_subscales();
+    const __m512 table = tq_table16(tq_centroids_n(bits, nb), bits);
+    const size_t bb = tq_block_bytes_n(bits, nb);
+    const int len = nb / 4;
+    for (int64_t b = 0; b < k / nb; ++b, x += bb, y += nb) {
+        const float s = tq_scale_of(x);
+        const unsigned subs = tq_subs_of(x);
+        const uint8_t *p = x + TQ_HEADER_BYTES;
+        for (int kk = 0; kk < 4; ++kk) {
+            const __m512 f = _mm512_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
+            for (int h = 0; h < len / 16; ++h) {
+                _mm512_storeu_ps(y + len * kk + 16 * h, _mm512_mul_ps(f, tq_lookup16(bits, nb, table, p, kk, h)));
+            }
+        }
+    }
+}
+#endif
+
+static float tq_dot(int bits, int nb, int n, const uint8_t *x, const float *q) {
+#if defined(GGML_TQ_AVX512)
+    if (nb % 64 == 0) {
+        return tq_dot16(bits, nb, n, x, q);
+    }
+#endif
+#if defined(GGML_TQ_AVX2)
     const float *sub = tq_subscales();
     const float *cent = tq_centroids_n(bits, nb);
     const __m256 lo = _mm256_loadu_ps(cent);
@@ -376,19 +277,29 @@ static float tqn_dot(int bits, int nb, int n, const uint8_t *x, const float *q) 
         const uint8_t *p = x + TQ_HEADER_BYTES;
         __m256 blk = _mm256_setzero_ps();
         for (int k = 0; k < 4; ++k) {
-            __m256 acc = _mm256_mul_ps(tqn_lookup8(bits, nb, lo, hi, p, k, 0), _mm256_loadu_ps(q + len * k));
-            for (int j = 1; j < nb / 32; ++j) {
-                const __m256 c = tqn_lookup8(bits, nb, lo, hi, p, k, j);
-                acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(q + len * k + 8 * j), acc);
+            __m256 acc = _mm256_mul_ps(tq_lookup8(bits, nb, lo, hi, p, k, 0), _mm256_loadu_ps(q + len * k));
+            for (int j = 1; j < len / 8; ++j) {
+                acc = _mm256_fmadd_ps(tq_lookup8(bits, nb, lo, hi, p, k, j), _mm256_loadu_ps(q + len * k + 8 * j), acc);
             }
             blk = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
         }
         total = _mm256_fmadd_ps(_mm256_set1_ps(tq_scale_of(x)), blk, total);
     }
     return tq_hsum(total);
+#else
+    return tq_dot_rotated_row_n(bits, nb, x, q, n);
+#endif
 }
 
-static void tqn_to_float_rotated(int bits, int nb, const uint8_t *x, float *y, int64_t k) {
+/* Rotated-domain row decode for the FA V path: y = s * m_k * c[idx] per value. */
+static void tq_rows_rotated(int bits, int nb, const uint8_t *x, float *y, int64_t k) {
+#if defined(GGML_TQ_AVX512)
+    if (nb % 64 == 0) {
+        tq_rows16(bits, nb, x, y, k);
+        return;
+    }
+#endif
+#if defined(GGML_TQ_AVX2)
     const float *sub = tq_subscales();
     const float *cent = tq_centroids_n(bits, nb);
     const __m256 lo = _mm256_loadu_ps(cent);
@@ -401,152 +312,52 @@ static void tqn_to_float_rotated(int bits, int nb, const uint8_t *x, float *y, i
         const uint8_t *p = x + TQ_HEADER_BYTES;
         for (int kk = 0; kk < 4; ++kk) {
             const __m256 f = _mm256_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
-            for (int j = 0; j < nb / 32; ++j) {
-                _mm256_storeu_ps(y + len * kk + 8 * j, _mm256_mul_ps(f, tqn_lookup8(bits, nb, lo, hi, p, kk, j)));
+            for (int j = 0; j < len / 8; ++j) {
+                _mm256_storeu_ps(y + len * kk + 8 * j, _mm256_mul_ps(f, tq_lookup8(bits, nb, lo, hi, p, kk, j)));
             }
         }
     }
-}
 #else
-static float tqn_dot(int bits, int nb, int n, const uint8_t *x, const float *q) {
-    return tq_dot_rotated_row_n(bits, nb, x, q, n);
-}
-
-static void tqn_to_float_rotated(int bits, int nb, const uint8_t *x, float *y, int64_t k) {
     (void)tq_dequantize_row_rotated_n(bits, nb, x, y, k);
-}
 #endif
-
-/* The 64-value blocks (heads that are not a multiple of 128). Quantizing is the codec's C code (one row per token
- * and KV head); the K dot and the FA V rows, which run over the whole cache, have SIMD versions. Sub-block k is
- * values 16k..16k+15: for tq3 the 3-byte groups 2k and 2k+1, as in the 128-value layout; for tq4 the low (k < 2)
- * or high (k >= 2) nibbles of bytes 16(k & 1).. (byte j holds values j and j + 32). */
-void ggml_tq3_64_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_64, x, y, k); }
-void ggml_tq4_64_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_64, x, y, k); }
-void ggml_tq_qrot_64_from_float(const float *x, void *y, int64_t k) { tq_rotate_row_64(x, y, k); }
-
-#if defined(GGML_TQ_AVX512)
-static inline __m512i tq4_64_indices16(const uint8_t *q, int k) {
-    const __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * (k & 1))));
-    return _mm512_and_si512(_mm512_srl_epi32(raw, _mm_cvtsi32_si128(k >= 2 ? 4 : 0)), _mm512_set1_epi32(15));
 }
 
-/* The d = 64 codebook as a 16-entry table (tq3's 8 centroids repeated). */
-static inline __m512 tq64_table16(int bits) {
-    const float *c = tq_centroids_n(bits, TQ_BLOCK_64);
-    const __m256 lo = _mm256_loadu_ps(c);
-    return bits == 4 ? _mm512_loadu_ps(c)
-                     : _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-                                                           _mm256_castps_pd(lo), 1));
-}
-
-static inline __m512 tq64_lookup16(int bits, __m512 table, const uint8_t *p, int k) {
-    return _mm512_permutexvar_ps(bits == 3 ? tq3_indices16(p, k) : tq4_64_indices16(p, k), table);
-}
-
-static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) {
-    const float *sub = tq_subscales();
-    const __m512 table = tq64_table16(bits);
-    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
-    __m512 total = _mm512_setzero_ps();
-    for (int b = 0; b < n / TQ_BLOCK_64; ++b, x += bb, q += TQ_BLOCK_64) {
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        __m512 blk = _mm512_setzero_ps();
-        for (int k = 0; k < 4; ++k) {
-            const __m512 acc = _mm512_mul_ps(tq64_lookup16(bits, table, p, k), _mm512_loadu_ps(q + 16 * k));
-            blk = _mm512_fmadd_ps(_mm512_set1_ps(sub[(subs >> (4 * k)) & 15u]), acc, blk);
-        }
-        total = _mm512_fmadd_ps(_mm512_set1_ps(tq_scale_of(x)), blk, total);
-    }
-    return _mm512_reduce_add_ps(total);
-}
-
-static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
-    const float *sub = tq_subscales();
-    const __m512 table = tq64_table16(bits);
-    const size_t bb = tq_block_bytes_n(bits, TQ_BLOCK_64);
-    for (int64_t b = 0; b < k / TQ_BLOCK_64; ++b, x += bb, y += TQ_BLOCK_64) {
-        const float s = tq_scale_of(x);
-        const unsigned subs = tq_subs_of(x);
-        const uint8_t *p = x + TQ_HEADER_BYTES;
-        for (int kk = 0; kk < 4; ++kk) {
-            const __m512 f = _mm512_set1_ps(s * sub[(subs >> (4 * kk)) & 15u]);
-            _mm512_storeu_ps(y + 16 * kk, _mm512_mul_ps(f, tq64_lookup16(bits, table, p, kk)));
-        }
+/* Quantizing is the codec (the CPU cache holds exactly its bytes); the 128-value blocks, the common case, search
+ * their sub-block scales with SIMD (bit-identical to tq_pick_subscale), the others run the codec's C code (one
+ * row per token and KV head: the dot and the V rows, which run over the whole cache, are what needs speed). */
+static void tq_quantize(int bits, int nb, const float *x, void *y, int64_t k) {
+    if (nb == TQ_BLOCK) {
+        (void)tq_quantize_row_with(bits, x, y, k, TQ_PICKER);
+    } else {
+        (void)tq_quantize_row_n(bits, nb, x, y, k);
     }
 }
-#else
-static float tq64_dot(int bits, int n, const uint8_t *x, const float *q) { return tqn_dot(bits, TQ_BLOCK_64, n, x, q); }
 
-static void tq64_to_float_rotated(int bits, const uint8_t *x, float *y, int64_t k) {
-    tqn_to_float_rotated(bits, TQ_BLOCK_64, x, y, k);
-}
-#endif
-
-void ggml_vec_dot_tq3_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc) {
-    (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tq64_dot(3, n, (const uint8_t *)vx, (const float *)vy);
-}
-
-void ggml_vec_dot_tq4_64_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc) {
-    (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tq64_dot(4, n, (const uint8_t *)vx, (const float *)vy);
-}
-
-static void tq3_64_to_float_rotated(const void *x, float *y, int64_t k) { tq64_to_float_rotated(3, x, y, k); }
-static void tq4_64_to_float_rotated(const void *x, float *y, int64_t k) { tq64_to_float_rotated(4, x, y, k); }
-static void tq_unrotate_64_inplace(float *v, int64_t n) { tq_unrotate_row_64(v, v, n); }
-
-/* The 96-value blocks (heads of 96: Phi-3). Quantizing is the codec's C code; the K dot and the FA V rows are
- * tqn_dot / tqn_to_float_rotated (8 values per instruction under AVX2 and AVX-512). */
-void ggml_tq3_96_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(3, TQ_BLOCK_96, x, y, k); }
-void ggml_tq4_96_from_float(const float *x, void *y, int64_t k) { (void)tq_quantize_row_n(4, TQ_BLOCK_96, x, y, k); }
-void ggml_tq_qrot_96_from_float(const float *x, void *y, int64_t k) { tq_rotate_row_96(x, y, k); }
-
-
-void ggml_vec_dot_tq3_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc) {
-    (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tqn_dot(3, TQ_BLOCK_96, n, (const uint8_t *)vx, (const float *)vy);
-}
-
-void ggml_vec_dot_tq4_96_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
-                              int nrc) {
-    (void)bs; (void)bx; (void)by; (void)nrc;
-    *s = tqn_dot(4, TQ_BLOCK_96, n, (const uint8_t *)vx, (const float *)vy);
-}
-
-static void tq3_96_to_float_rotated(const void *x, float *y, int64_t k) {
-    tqn_to_float_rotated(3, TQ_BLOCK_96, x, y, k);
-}
-static void tq4_96_to_float_rotated(const void *x, float *y, int64_t k) {
-    tqn_to_float_rotated(4, TQ_BLOCK_96, x, y, k);
-}
-static void tq_unrotate_96_inplace(float *v, int64_t n) { tq_unrotate_row_96(v, v, n); }
+/* The ggml entry points, one set per format (tq_formats.h). */
+#define TQ_CPU_ENTRIES(name, NAME, values, bits, bytes, qrot)                                                        \
+    void ggml_##name##_from_float(const float *x, void *y, int64_t k) { tq_quantize(bits, values, x, y, k); }       \
+    void ggml_vec_dot_##name##_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, \
+                                    int nrc) {                                                                       \
+        (void)bs; (void)bx; (void)by; (void)nrc;                                                                     \
+        *s = tq_dot(bits, values, n, (const uint8_t *)vx, (const float *)vy);                                        \
+    }                                                                                                                \
+    static void tq_rows_rotated_##NAME(const void *x, float *y, int64_t k) {                                         \
+        tq_rows_rotated(bits, values, (const uint8_t *)x, y, k);                                                     \
+    }
+#define TQ_CPU_QROT_ENTRIES(name, NAME, values, sfx)                                                                 \
+    void ggml_##name##_from_float(const float *x, void *y, int64_t k) { tq_rotate_row##sfx(x, y, k); }              \
+    static void tq_unrotate_##NAME(float *v, int64_t n) { tq_unrotate_row##sfx(v, v, n); }
+TQ_FORMATS(TQ_CPU_ENTRIES)
+TQ_QROT_FORMATS(TQ_CPU_QROT_ENTRIES)
 
 ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *unrotate) {
     switch (type) {
-        case GGML_TYPE_TQ3_96:
-            *unrotate = tq_unrotate_96_inplace;
-            return tq3_96_to_float_rotated;
-        case GGML_TYPE_TQ4_96:
-            *unrotate = tq_unrotate_96_inplace;
-            return tq4_96_to_float_rotated;
-        case GGML_TYPE_TQ3_64:
-            *unrotate = tq_unrotate_64_inplace;
-            return tq3_64_to_float_rotated;
-        case GGML_TYPE_TQ4_64:
-            *unrotate = tq_unrotate_64_inplace;
-            return tq4_64_to_float_rotated;
-        case GGML_TYPE_TQ3:
-            *unrotate = ggml_tq_unrotate_inplace;
-            return ggml_tq3_to_float_rotated;
-        case GGML_TYPE_TQ4:
-            *unrotate = ggml_tq_unrotate_inplace;
-            return ggml_tq4_to_float_rotated;
+#define TQ_CPU_FA_V_CASE(name, NAME, values, bits, bytes, qrot)                                                      \
+    case GGML_TYPE_##NAME:                                                                                           \
+        *unrotate = tq_unrotate_##qrot;                                                                              \
+        return tq_rows_rotated_##NAME;
+        TQ_FORMATS(TQ_CPU_FA_V_CASE)
+#undef TQ_CPU_FA_V_CASE
         default:
             return NULL;
     }

@@ -47,10 +47,6 @@ TQ_QROT_FORMATS(GGML_TQ_CPU_QROT_DECLS)
 typedef void (*ggml_tq_unrotate_t)(float *v, int64_t n);
 ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *unrotate);
 
-void ggml_tq3_to_float_rotated(const void *x, float *y, int64_t k);
-void ggml_tq4_to_float_rotated(const void *x, float *y, int64_t k);
-void ggml_tq_unrotate_inplace(float *v, int64_t n);
-
 #ifdef __cplusplus
 }
 #endif

@@ -25,13 +25,14 @@ static const tq_cu_tables & tq_tables() {
 // writes a few blocks per launch, so the latency of one block is what counts). Row i1 of the source goes to row
 // ids[i1] (SET_ROWS) or i1 (CPY). Dequantize: one warp per block.
 
-static int tq_block_n_of(ggml_type t) {
-    return t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ4_64   ? TQ_BLOCK_64
-           : t == GGML_TYPE_TQ3_96 || t == GGML_TYPE_TQ4_96 ? TQ_BLOCK_96
-                                                             : TQ_BLOCK;
-}
+static int tq_block_n_of(ggml_type t) { return (int) ggml_blck_size(t); }
 static int tq_bits_of(ggml_type t) {
-    return t == GGML_TYPE_TQ3 || t == GGML_TYPE_TQ3_64 || t == GGML_TYPE_TQ3_96 ? 3 : 4;
+    switch (t) {
+#define TQ_BITS_CASE(name, NAME, values, bits, ...) case GGML_TYPE_##NAME: return bits;
+        TQ_FORMATS(TQ_BITS_CASE)
+#undef TQ_BITS_CASE
+        default: GGML_ABORT("not a TQ type");
+    }
 }
 
 struct tq_rows_shape {
@@ -212,12 +213,13 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
     }
     const dim3 grid((unsigned) n);
     switch (type) {
-        case GGML_TYPE_TQ3:    k_tq_quantize_rows<3, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4:    k_tq_quantize_rows<4, TQ_BLOCK, src_t, idx_t><<<grid, TQ_BLOCK, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_64: k_tq_quantize_rows<3, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4_64: k_tq_quantize_rows<4, TQ_BLOCK_64, src_t, idx_t><<<grid, TQ_BLOCK_64, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_96: k_tq_quantize_rows<3, TQ_BLOCK_96, src_t, idx_t><<<grid, TQ_BLOCK_96, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        default:               k_tq_quantize_rows<4, TQ_BLOCK_96, src_t, idx_t><<<grid, TQ_BLOCK_96, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+#define TQ_QUANTIZE_CASE(name, NAME, values, bits, ...)                                                          \
+        case GGML_TYPE_##NAME:                                                                                   \
+            k_tq_quantize_rows<bits, values, src_t, idx_t><<<grid, values, 0, stream>>>(src, ids, dst, sh, tq_tables()); \
+            break;
+        TQ_FORMATS(TQ_QUANTIZE_CASE)
+#undef TQ_QUANTIZE_CASE
+        default: GGML_ABORT("not a TQ type");
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -263,12 +265,13 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
     }
     const dim3 grid((unsigned) ((n + 3) / 4));
     switch (type) {
-        case GGML_TYPE_TQ3:    k_tq_dequantize_rows<3, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4:    k_tq_dequantize_rows<4, TQ_BLOCK, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_64: k_tq_dequantize_rows<3, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ4_64: k_tq_dequantize_rows<4, TQ_BLOCK_64, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        case GGML_TYPE_TQ3_96: k_tq_dequantize_rows<3, TQ_BLOCK_96, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
-        default:               k_tq_dequantize_rows<4, TQ_BLOCK_96, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); break;
+#define TQ_DEQUANTIZE_CASE(name, NAME, values, bits, ...)                                                        \
+        case GGML_TYPE_##NAME:                                                                                   \
+            k_tq_dequantize_rows<bits, values, dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq_tables()); \
+            break;
+        TQ_FORMATS(TQ_DEQUANTIZE_CASE)
+#undef TQ_DEQUANTIZE_CASE
+        default: GGML_ABORT("not a TQ type");
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -329,45 +332,31 @@ static void tq_to_t_nc(ggml_type type, const void * x, T * y, int64_t ne00, int6
     tq_dequantize_rows<T, false>(type, (const char *) x, nullptr, (char *) y, sh, stream);
 }
 
-#define TQ_CONVERTERS(NAME, TYPE)                                                                                    \
-    static void tq3_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ3, x, y, k, s); } \
-    static void tq4_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ4, x, y, k, s); } \
-    static void tq3_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                   int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3, x, y, a, b, c, d, e, f, g, s); } \
-    static void tq4_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                   int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4, x, y, a, b, c, d, e, f, g, s); } \
-    static void tq3_64_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ3_64, x, y, k, s); } \
-    static void tq4_64_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ4_64, x, y, k, s); } \
-    static void tq3_64_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3_64, x, y, a, b, c, d, e, f, g, s); } \
-    static void tq4_64_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4_64, x, y, a, b, c, d, e, f, g, s); } \
-    static void tq3_96_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ3_96, x, y, k, s); } \
-    static void tq4_96_to_##NAME(const void * x, TYPE * y, int64_t k, cudaStream_t s) { tq_to_t_cont<TYPE>(GGML_TYPE_TQ4_96, x, y, k, s); } \
-    static void tq3_96_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ3_96, x, y, a, b, c, d, e, f, g, s); } \
-    static void tq4_96_to_##NAME##_nc(const void * x, TYPE * y, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e, \
-                                      int64_t f, int64_t g, cudaStream_t s) { tq_to_t_nc<TYPE>(GGML_TYPE_TQ4_96, x, y, a, b, c, d, e, f, g, s); }
+// convert.cu's function types, one instance per TQ type (the getters' cases come from tq_formats.h)
+template <ggml_type Q, typename T> static void tq_to_cont(const void * x, T * y, int64_t k, cudaStream_t s) {
+    tq_to_t_cont<T>(Q, x, y, k, s);
+}
+template <ggml_type Q, typename T>
+static void tq_to_nc(const void * x, T * y, int64_t ne00, int64_t ne01, int64_t ne02, int64_t ne03, int64_t s01,
+                     int64_t s02, int64_t s03, cudaStream_t s) {
+    tq_to_t_nc<T>(Q, x, y, ne00, ne01, ne02, ne03, s01, s02, s03, s);
+}
 
-TQ_CONVERTERS(fp16, half)
-TQ_CONVERTERS(fp32, float)
-
-#define TQ_GETTER(RET, NAME, SUFFIX)                                  \
-    RET NAME(ggml_type type) {                                        \
-        switch (type) {                                               \
-            case GGML_TYPE_TQ3:    return tq3_to_##SUFFIX;            \
-            case GGML_TYPE_TQ4:    return tq4_to_##SUFFIX;            \
-            case GGML_TYPE_TQ3_64: return tq3_64_to_##SUFFIX;         \
-            case GGML_TYPE_TQ4_64: return tq4_64_to_##SUFFIX;         \
-            case GGML_TYPE_TQ3_96: return tq3_96_to_##SUFFIX;         \
-            case GGML_TYPE_TQ4_96: return tq4_96_to_##SUFFIX;         \
-            default:               return nullptr;                    \
-        }                                                             \
+#define TQ_GETTER(RET, NAME, FN, T)                                                     \
+    RET NAME(ggml_type type) {                                                          \
+        switch (type) {                                                                 \
+            TQ_FORMATS(TQ_GETTER_CASE_##FN##_##T)                                       \
+            default: return nullptr;                                                    \
+        }                                                                               \
     }
-TQ_GETTER(to_fp16_cuda_t, ggml_cuda_tq_get_to_fp16, fp16)
-TQ_GETTER(to_fp32_cuda_t, ggml_cuda_tq_get_to_fp32, fp32)
-TQ_GETTER(to_fp16_nc_cuda_t, ggml_cuda_tq_get_to_fp16_nc, fp16_nc)
-TQ_GETTER(to_fp32_nc_cuda_t, ggml_cuda_tq_get_to_fp32_nc, fp32_nc)
+#define TQ_GETTER_CASE_tq_to_cont_half(name, NAME, ...)  case GGML_TYPE_##NAME: return tq_to_cont<GGML_TYPE_##NAME, half>;
+#define TQ_GETTER_CASE_tq_to_cont_float(name, NAME, ...) case GGML_TYPE_##NAME: return tq_to_cont<GGML_TYPE_##NAME, float>;
+#define TQ_GETTER_CASE_tq_to_nc_half(name, NAME, ...)    case GGML_TYPE_##NAME: return tq_to_nc<GGML_TYPE_##NAME, half>;
+#define TQ_GETTER_CASE_tq_to_nc_float(name, NAME, ...)   case GGML_TYPE_##NAME: return tq_to_nc<GGML_TYPE_##NAME, float>;
+TQ_GETTER(to_fp16_cuda_t, ggml_cuda_tq_get_to_fp16, tq_to_cont, half)
+TQ_GETTER(to_fp32_cuda_t, ggml_cuda_tq_get_to_fp32, tq_to_cont, float)
+TQ_GETTER(to_fp16_nc_cuda_t, ggml_cuda_tq_get_to_fp16_nc, tq_to_nc, half)
+TQ_GETTER(to_fp32_nc_cuda_t, ggml_cuda_tq_get_to_fp32_nc, tq_to_nc, float)
 
 // ---------------------------------------------------------------------------------------------------------
 // Ops.
@@ -862,12 +851,9 @@ int tq_fa_kind_of(ggml_type t) {
     switch (t) {
         case GGML_TYPE_F16:  return TQFA_F16;
         case GGML_TYPE_Q8_0: return TQFA_Q8_0;
-        case GGML_TYPE_TQ3:  return TQFA_TQ3;
-        case GGML_TYPE_TQ4:  return TQFA_TQ4;
-        case GGML_TYPE_TQ3_64: return TQFA_TQ3_64;
-        case GGML_TYPE_TQ4_64: return TQFA_TQ4_64;
-        case GGML_TYPE_TQ3_96: return TQFA_TQ3_96;
-        case GGML_TYPE_TQ4_96: return TQFA_TQ4_96;
+#define TQFA_KIND_CASE(name, NAME, ...) case GGML_TYPE_##NAME: return TQFA_##NAME;
+        TQ_FORMATS(TQFA_KIND_CASE)
+#undef TQFA_KIND_CASE
         default:             return -1;
     }
 }
@@ -893,7 +879,7 @@ bool ggml_cuda_tq_fattn_handles(const ggml_tensor * dst) {
         return false; // a 96-value K with an f16 / q8_0 V: upstream's kernels after a conversion (3 V values a lane)
     }
     const int sw = tq_fa_slice(tk, tv);
-    const bool d_ok = sw == 64 ? D == 64 : sw == 96 ? D == 96 : (D == 128 || D == 256);
+    const bool d_ok = tq_fa_head_ok("CUDA", sw, (int) D); // tq_formats.h: the head sizes instantiated
     if (!d_ok || K->ne[0] != D || V->ne[0] != D) {
         return false;
     }
@@ -1019,12 +1005,10 @@ bool ggml_cuda_tq_flash_attn_ext(ggml_backend_cuda_context & ctx, ggml_tensor * 
     switch (tq_fa_kind_of(dst->src[1]->type)) {
         case TQFA_F16:  tq_fa_run<TQFA_F16>(ctx, dst); break;
         case TQFA_Q8_0: tq_fa_run<TQFA_Q8_0>(ctx, dst); break;
-        case TQFA_TQ3:  tq_fa_run<TQFA_TQ3>(ctx, dst); break;
-        case TQFA_TQ4:  tq_fa_run<TQFA_TQ4>(ctx, dst); break;
-        case TQFA_TQ3_64: tq_fa_run<TQFA_TQ3_64>(ctx, dst); break;
-        case TQFA_TQ4_64: tq_fa_run<TQFA_TQ4_64>(ctx, dst); break;
-        case TQFA_TQ3_96: tq_fa_run<TQFA_TQ3_96>(ctx, dst); break;
-        default:        tq_fa_run<TQFA_TQ4_96>(ctx, dst); break;
+#define TQFA_RUN_CASE(name, NAME, ...) case TQFA_##NAME: tq_fa_run<TQFA_##NAME>(ctx, dst); break;
+        TQ_FORMATS(TQFA_RUN_CASE)
+#undef TQFA_RUN_CASE
+        default: GGML_ABORT("no TQ flash-attention kernel for this K type");
     }
     return true;
 }

@@ -22,30 +22,48 @@
 
 #include "tq-cuda-codec.cuh"
 
+// The K / V kinds of the decode kernels: f16, q8_0 and the TQ formats (tq_formats.h, in its order).
 enum tq_fa_kind {
-    TQFA_F16 = 0, TQFA_Q8_0 = 1, TQFA_TQ3 = 2, TQFA_TQ4 = 3, TQFA_TQ3_64 = 4, TQFA_TQ4_64 = 5, TQFA_TQ3_96 = 6,
-    TQFA_TQ4_96 = 7
+    TQFA_F16 = 0, TQFA_Q8_0 = 1,
+#define TQFA_KIND(name, NAME, ...) TQFA_##NAME,
+    TQ_FORMATS(TQFA_KIND)
+#undef TQFA_KIND
 };
 
-static __host__ __device__ constexpr bool tq_fa_is_tq128(int kind) { return kind == TQFA_TQ3 || kind == TQFA_TQ4; }
-static __host__ __device__ constexpr bool tq_fa_is_tq64(int kind) { return kind == TQFA_TQ3_64 || kind == TQFA_TQ4_64; }
-static __host__ __device__ constexpr bool tq_fa_is_tq96(int kind) { return kind == TQFA_TQ3_96 || kind == TQFA_TQ4_96; }
-static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) {
-    return tq_fa_is_tq128(kind) || tq_fa_is_tq64(kind) || tq_fa_is_tq96(kind);
-}
 // Values per block of a TQ kind (its rotation size), 0 for f16 / q8_0.
 static __host__ __device__ constexpr int tq_fa_block_n(int kind) {
-    return tq_fa_is_tq128(kind) ? 128 : tq_fa_is_tq64(kind) ? 64 : tq_fa_is_tq96(kind) ? 96 : 0;
+    switch (kind) {
+#define TQFA_VALUES_CASE(name, NAME, values, ...) case TQFA_##NAME: return values;
+        TQ_FORMATS(TQFA_VALUES_CASE)
+#undef TQFA_VALUES_CASE
+        default: return 0;
+    }
 }
-// Whether a K and a V kind can meet: at most one block size (both come from the same head size).
-static __host__ __device__ constexpr bool tq_fa_pair_ok(int tk, int tv) {
-    return tq_fa_block_n(tk) == 0 || tq_fa_block_n(tv) == 0 || tq_fa_block_n(tk) == tq_fa_block_n(tv);
+// Bits per value of a TQ kind, 0 for f16 / q8_0.
+static __host__ __device__ constexpr int tq_fa_bits(int kind) {
+    switch (kind) {
+#define TQFA_BITS_CASE(name, NAME, values, bits, ...) case TQFA_##NAME: return bits;
+        TQ_FORMATS(TQFA_BITS_CASE)
+#undef TQFA_BITS_CASE
+        default: return 0;
+    }
 }
 // 32-bit words of one TQ block (52 / 68 / 28 / 36 / 40 / 52 bytes).
 static __host__ __device__ constexpr int tq_fa_block_words(int kind) {
-    return kind == TQFA_TQ3 ? TQ3_BLOCK_WORDS : kind == TQFA_TQ4 ? TQ4_BLOCK_WORDS
-         : kind == TQFA_TQ3_64 ? TQ3_64_BLOCK_BYTES / 4 : kind == TQFA_TQ4_64 ? TQ4_64_BLOCK_BYTES / 4
-         : kind == TQFA_TQ3_96 ? TQ3_96_BLOCK_BYTES / 4 : TQ4_96_BLOCK_BYTES / 4;
+    switch (kind) {
+#define TQFA_WORDS_CASE(name, NAME, values, bits, bytes, ...) case TQFA_##NAME: return bytes / 4;
+        TQ_FORMATS(TQFA_WORDS_CASE)
+#undef TQFA_WORDS_CASE
+        default: return 0;
+    }
+}
+static __host__ __device__ constexpr bool tq_fa_is_tq(int kind) { return tq_fa_block_n(kind) != 0; }
+static __host__ __device__ constexpr bool tq_fa_is_tq128(int kind) { return tq_fa_block_n(kind) == 128; }
+static __host__ __device__ constexpr bool tq_fa_is_tq64(int kind) { return tq_fa_block_n(kind) == 64; }
+static __host__ __device__ constexpr bool tq_fa_is_tq96(int kind) { return tq_fa_block_n(kind) == 96; }
+// Whether a K and a V kind can meet: at most one block size (both come from the same head size).
+static __host__ __device__ constexpr bool tq_fa_pair_ok(int tk, int tv) {
+    return tq_fa_block_n(tk) == 0 || tq_fa_block_n(tv) == 0 || tq_fa_block_n(tk) == tq_fa_block_n(tv);
 }
 // The kernel's slice width: the rotation size of its TQ side(s) (64, 96 or 128). V is accumulated SW / 32
 // coordinates per lane per slice, and the query is rotated per slice.
@@ -172,7 +190,7 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
     }
     if constexpr (tq_fa_is_tq128(TK)) {
         constexpr int BW = tq_fa_block_words(TK);
-        const float * cent = TK == TQFA_TQ3 ? cb : cb + 8;
+        const float * cent = tq_fa_bits(TK) == 3 ? cb : cb + 8;
 #pragma unroll
         for (int b = 0; b < D / 128; ++b) {
             const uint32_t * blk = krow + b * BW;
@@ -190,7 +208,7 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                     a[c] = 0.0f;
                 }
                 const float * q = qs + (b * 128 + 32 * k) * C;
-                if constexpr (TK == TQFA_TQ3) {
+                if constexpr (tq_fa_bits(TK) == 3) {
                     const uint32_t w[4] = {blk[1 + 3 * k], blk[2 + 3 * k], blk[3 + 3 * k], 0u};
 #pragma unroll
                     for (int i = 0; i < 32; ++i) {
@@ -224,7 +242,7 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
     } else if constexpr (tq_fa_is_tq64(TK) || tq_fa_is_tq96(TK)) {
         // 64- and 96-value blocks: sub-blocks of L = 16 / 24 values; cb holds the block size's codebooks here
         constexpr int NBV = tq_fa_block_n(TK), L = NBV / 4, BW = tq_fa_block_words(TK);
-        const float * cent = TK == TQFA_TQ3_64 || TK == TQFA_TQ3_96 ? cb : cb + 8;
+        const float * cent = tq_fa_bits(TK) == 3 ? cb : cb + 8;
 #pragma unroll
         for (int b = 0; b < D / NBV; ++b) {
             const uint32_t * blk = krow + b * BW;
@@ -242,7 +260,7 @@ static __device__ __forceinline__ void tq_fa_score(float * sc, const uint32_t * 
                     a[c] = 0.0f;
                 }
                 const float * q = qs + (b * NBV + L * k) * C;
-                if constexpr (TK == TQFA_TQ3_64 || TK == TQFA_TQ3_96) { // 3L bits from bit 3Lk of the index words
+                if constexpr (tq_fa_bits(TK) == 3) { // 3L bits from bit 3Lk of the index words
 #pragma unroll
                     for (int i = 0; i < L; ++i) {
                         const int bit = 3 * L * k + 3 * i, wi = bit >> 5, sh = bit & 31;
@@ -319,7 +337,7 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], c
             const uint32_t * blk = vrow + b * BW;
             const uint32_t h = blk[0];
             const float sm = tq_cu_bf16_to_fp32(h & 0xffffu) * cb[24 + ((h >> (16 + 4 * (lane >> 3))) & 15u)];
-            if constexpr (TV == TQFA_TQ3) {
+            if constexpr (tq_fa_bits(TV) == 3) {
                 const int bit = 12 * lane;
                 const uint32_t bits = __funnelshift_r(blk[1 + (bit >> 5)], blk[2 + (bit >> 5)], bit & 31);
 #pragma unroll
@@ -342,7 +360,7 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], c
             const uint32_t * blk = vrow + b * BW;
             const uint32_t h = blk[0];
             const float sm = tq_cu_bf16_to_fp32(h & 0xffffu) * cb[24 + ((h >> (16 + 4 * (lane >> 3))) & 15u)];
-            if constexpr (TV == TQFA_TQ3_64) {
+            if constexpr (tq_fa_bits(TV) == 3) {
                 const int bit = 6 * lane;
                 const uint32_t bits = __funnelshift_r(blk[1 + (bit >> 5)], blk[2 + (bit >> 5)], bit & 31);
                 v[0] = cb[bits & 7u];
@@ -361,7 +379,7 @@ static __device__ __forceinline__ void tq_fa_accum_v(float (*acc)[SW / 32][C], c
             const uint32_t * blk = vrow + b * BW;
             const uint32_t h = blk[0];
             const float sm = tq_cu_bf16_to_fp32(h & 0xffffu) * cb[24 + ((h >> (16 + 4 * (lane >> 3))) & 15u)];
-            if constexpr (TV == TQFA_TQ3_96) {
+            if constexpr (tq_fa_bits(TV) == 3) {
                 const int bit = 9 * lane;
                 const uint32_t bits = __funnelshift_r(blk[1 + (bit >> 5)], blk[2 + (bit >> 5)], bit & 31);
 #pragma unroll

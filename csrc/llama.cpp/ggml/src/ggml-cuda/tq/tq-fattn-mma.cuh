@@ -32,8 +32,8 @@
 // free; tq4's 256 entries get 16 copies at D = 128 (8 copies conflicted 2.5x: ncu, NOTES.md) and 8 at D = 256,
 // where 16 would pass the 48 KB of static shared memory.
 template <int T, int D> struct tq_mma_lut_t {
-    static constexpr int ENTRIES = T == TQFA_TQ3 ? 64 : 256; // (a, b) index pairs
-    static constexpr int REP     = T == TQFA_TQ3 ? 32 : D == 128 ? 16 : 8;
+    static constexpr int ENTRIES = tq_fa_bits(T) == 3 ? 64 : 256; // (a, b) index pairs
+    static constexpr int REP     = tq_fa_bits(T) == 3 ? 32 : D == 128 ? 16 : 8;
     static constexpr int WORDS   = ENTRIES * REP;
     static constexpr int LOG2_STRIDE = REP == 32 ? 7 : REP == 16 ? 6 : 5; // log2(REP * 4 bytes): the entry stride
     static_assert(1 << LOG2_STRIDE == REP * 4, "a copy count the lookup's mask does not cover");
@@ -55,7 +55,7 @@ static __device__ __forceinline__ void tq_mma_fill_lut(uint32_t * lut, const tq_
 #pragma unroll 8
     for (int j = 0; j < L::WORDS / NT; ++j) {
         const int e = (tid + NT * j) / L::REP;
-        lut[tid + NT * j] = T == TQFA_TQ3 ? tq_mma_h2(tab.cent3[e & 7], tab.cent3[e >> 3])
+        lut[tid + NT * j] = tq_fa_bits(T) == 3 ? tq_mma_h2(tab.cent3[e & 7], tab.cent3[e >> 3])
                                           : tq_mma_h2(tab.cent4[e & 15], tab.cent4[e >> 4]);
     }
 }
@@ -118,7 +118,7 @@ static __device__ __forceinline__ tq_mma_field<T> tq_mma_load_field(const uint32
     tq_mma_field<T> f;
     const uint32_t h = blk[0];
     f.h = h;
-    if constexpr (T == TQFA_TQ3) {
+    if constexpr (tq_fa_bits(T) == 3) {
         const float m = sub[(h >> (16 + 4 * t)) & 15u];
         f.mm = tq_mma_h2(m, m);
         f.w[0] = blk[1 + 3 * t];
@@ -138,7 +138,7 @@ static __device__ __forceinline__ tq_mma_field<T> tq_mma_load_field(const uint32
 // the lane's copy offset lo sitting in the bits below the entry stride), the table base being the shared load's
 // uniform base, so a lookup is three instructions.
 template <int T, int L> static __device__ __forceinline__ uint32_t tq_mma_lut_off(uint32_t v, int sh, uint32_t lo) {
-    constexpr uint32_t M = (T == TQFA_TQ3 ? 63u : 255u) << L; // L: log2 of the entry stride in bytes
+    constexpr uint32_t M = (tq_fa_bits(T) == 3 ? 63u : 255u) << L; // L: log2 of the entry stride in bytes
     return ((sh >= L ? v >> (sh - L) : v << (L - sh)) & M) | lo;
 }
 template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut(const char * lutl, uint32_t off) {
@@ -151,7 +151,7 @@ template <int T> static __device__ __forceinline__ uint32_t tq_mma_lut(const cha
 template <int T, int L>
 static __device__ __forceinline__ void tq_mma_decode2(const tq_mma_field<T> & f, int j, const char * lut, uint32_t lo,
                                                       uint32_t & p0, uint32_t & p1) {
-    if constexpr (T == TQFA_TQ3) {
+    if constexpr (tq_fa_bits(T) == 3) {
         const uint32_t x = tq_mma_bits(f.w, 12 * j);
         p0 = tq_mma_hmul2(tq_mma_lut<T>(lut, tq_mma_lut_off<T, L>(x, 0, lo)), f.mm);
         p1 = tq_mma_hmul2(tq_mma_lut<T>(lut, tq_mma_lut_off<T, L>(x, 6, lo)), f.mm);
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float * qb = q + 128 * b;
-                if constexpr (TK == TQFA_TQ3) {
+                if constexpr (tq_fa_bits(TK) == 3) {
                     const int c0 = 32 * t + 4 * j;
                     qa[b][j][0] = tq_mma_h2(qb[c0], qb[c0 + 1]);
                     qa[b][j][1] = tq_mma_h2(qb[c0 + 2], qb[c0 + 3]);
@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                     const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
                     const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
                     uint32_t pa, pb; // byte n: the pair index (key A | key B << bits) of coordinate 32k + 4g + n
-                    if constexpr (TV == TQFA_TQ3) {
+                    if constexpr (tq_fa_bits(TV) == 3) {
                         uint32_t f[4];
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {

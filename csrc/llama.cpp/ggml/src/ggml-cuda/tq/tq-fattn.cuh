@@ -11,12 +11,9 @@ template <int TK>
 void tq_fa_run(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 template <> void tq_fa_run<TQFA_F16>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 template <> void tq_fa_run<TQFA_Q8_0>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
-template <> void tq_fa_run<TQFA_TQ3>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
-template <> void tq_fa_run<TQFA_TQ4>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
-template <> void tq_fa_run<TQFA_TQ3_64>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
-template <> void tq_fa_run<TQFA_TQ4_64>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
-template <> void tq_fa_run<TQFA_TQ3_96>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
-template <> void tq_fa_run<TQFA_TQ4_96>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+#define TQFA_RUN_DECL(name, NAME, ...) template <> void tq_fa_run<TQFA_##NAME>(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+TQ_FORMATS(TQFA_RUN_DECL)
+#undef TQFA_RUN_DECL
 
 int tq_fa_kind_of(ggml_type t);
 
@@ -75,19 +72,24 @@ static void tq_fa_run_dv(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 }
 
-// Head sizes: 128 and 256 with the 128-value blocks, 64 / 96 with the 64- / 96-value ones
-// (ggml_cuda_tq_fattn_handles).
+// Head sizes: TQ_FA_HEADS's CUDA rows (tq_formats.h), which ggml_cuda_tq_fattn_handles admits.
+static constexpr bool tq_cstr_eq(const char * a, const char * b) {
+    return *a == *b && (*a == '\0' || tq_cstr_eq(a + 1, b + 1));
+}
+
 template <int TK, int TV>
 static void tq_fa_run_v(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    if constexpr (tq_fa_slice(TK, TV) == 64) {
-        tq_fa_run_dv<64, TK, TV>(ctx, dst);
-    } else if constexpr (tq_fa_slice(TK, TV) == 96) {
-        tq_fa_run_dv<96, TK, TV>(ctx, dst);
-    } else if (dst->src[0]->ne[0] == 128) {
-        tq_fa_run_dv<128, TK, TV>(ctx, dst);
-    } else {
-        tq_fa_run_dv<256, TK, TV>(ctx, dst);
+    const int D = (int) dst->src[0]->ne[0];
+#define TQ_FA_RUN_HEAD(b, v, h)                                                  \
+    if constexpr (tq_fa_slice(TK, TV) == (v) && tq_cstr_eq(#b, "CUDA")) {        \
+        if (D == (h)) {                                                          \
+            tq_fa_run_dv<h, TK, TV>(ctx, dst);                                   \
+            return;                                                              \
+        }                                                                        \
     }
+    TQ_FA_HEADS(TQ_FA_RUN_HEAD)
+#undef TQ_FA_RUN_HEAD
+    GGML_ABORT("llama-tq: no CUDA flash-attention kernel for head size %d (ggml_cuda_tq_fattn_handles admits it)", D);
 }
 
 // The pairs: a TQ K with f16, q8_0 (not for the 96-value kinds: see ggml_cuda_tq_fattn_handles) or a TQ V of the
@@ -99,17 +101,14 @@ static void tq_fa_run_v(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             tq_fa_run_v<TK, TV>(ctx, dst);                                                                       \
         }                                                                                                        \
         break;
-#define TQ_FA_DEFINE_RUN(TK)                                                           \
-    template <> void tq_fa_run<TK>(ggml_backend_cuda_context & ctx, ggml_tensor * dst) { \
+#define TQ_FA_RUN_V_KIND(name, NAME, ...) TQ_FA_RUN_PAIR(TK, TQFA_##NAME)
+#define TQ_FA_DEFINE_RUN(KIND)                                                         \
+    template <> void tq_fa_run<KIND>(ggml_backend_cuda_context & ctx, ggml_tensor * dst) { \
+        constexpr int TK = KIND;                                                       \
         switch (tq_fa_kind_of(dst->src[2]->type)) {                                    \
             TQ_FA_RUN_PAIR(TK, TQFA_F16)                                               \
             TQ_FA_RUN_PAIR(TK, TQFA_Q8_0)                                              \
-            TQ_FA_RUN_PAIR(TK, TQFA_TQ3)                                               \
-            TQ_FA_RUN_PAIR(TK, TQFA_TQ4)                                               \
-            TQ_FA_RUN_PAIR(TK, TQFA_TQ3_64)                                            \
-            TQ_FA_RUN_PAIR(TK, TQFA_TQ4_64)                                            \
-            TQ_FA_RUN_PAIR(TK, TQFA_TQ3_96)                                            \
-            TQ_FA_RUN_PAIR(TK, TQFA_TQ4_96)                                            \
+            TQ_FORMATS(TQ_FA_RUN_V_KIND)                                               \
             default: break;                                                            \
         }                                                                              \
     }

@@ -35,45 +35,11 @@ using namespace metal;
 #endif
 
 // ---------------------------------------------------------------------------------------------------------------
-// Tables: csrc/codec/tq_codebooks.h and tq_codec.c.
-
-constant float tq_mtl_cent3[8] = {
-    -1.883936557e-01f, -1.181363187e-01f, -6.658319621e-02f, -2.160344849e-02f,
-    +2.160344849e-02f, +6.658319621e-02f, +1.181363187e-01f, +1.883936557e-01f};
-constant float tq_mtl_bound3[7] = {
-    -1.532649872e-01f, -9.235975745e-02f, -4.409332235e-02f, +0.000000000e+00f,
-    +4.409332235e-02f, +9.235975745e-02f, +1.532649872e-01f};
-constant float tq_mtl_cent4[16] = {
-    -2.376510279e-01f, -1.808207527e-01f, -1.417892375e-01f, -1.102728514e-01f,
-    -8.281424792e-02f, -5.776069174e-02f, -3.414408551e-02f, -1.129995875e-02f,
-    +1.129995875e-02f, +3.414408551e-02f, +5.776069174e-02f, +8.281424792e-02f,
-    +1.102728514e-01f, +1.417892375e-01f, +1.808207527e-01f, +2.376510279e-01f};
-constant float tq_mtl_bound4[15] = {
-    -2.092358903e-01f, -1.613049951e-01f, -1.260310445e-01f, -9.654354968e-02f,
-    -7.028746983e-02f, -4.595238862e-02f, -2.272202213e-02f, +0.000000000e+00f,
-    +2.272202213e-02f, +4.595238862e-02f, +7.028746983e-02f, +9.654354968e-02f,
-    +1.260310445e-01f, +1.613049951e-01f, +2.092358903e-01f};
-constant float tq_mtl_cent3_64[8] = {
-    -2.639115709e-01f, -1.661649335e-01f, -9.382947907e-02f, -3.046795651e-02f,
-    +3.046795651e-02f, +9.382947907e-02f, +1.661649335e-01f, +2.639115709e-01f};
-constant float tq_mtl_bound3_64[7] = {
-    -2.150382522e-01f, -1.299972063e-01f, -6.214871779e-02f, +0.000000000e+00f,
-    +6.214871779e-02f, +1.299972063e-01f, +2.150382522e-01f};
-constant float tq_mtl_cent4_64[16] = {
-    -3.307835417e-01f, -2.528989241e-01f, -1.988409992e-01f, -1.549109883e-01f,
-    -1.164736051e-01f, -8.130128890e-02f, -4.808291897e-02f, -1.591654776e-02f,
-    +1.591654776e-02f, +4.808291897e-02f, +8.130128890e-02f, +1.164736051e-01f,
-    +1.549109883e-01f, +1.988409992e-01f, +2.528989241e-01f, +3.307835417e-01f};
-constant float tq_mtl_bound4_64[15] = {
-    -2.918412329e-01f, -2.258699616e-01f, -1.768759937e-01f, -1.356922967e-01f,
-    -9.888744701e-02f, -6.469210393e-02f, -3.199973337e-02f, +0.000000000e+00f,
-    +3.199973337e-02f, +6.469210393e-02f, +9.888744701e-02f, +1.356922967e-01f,
-    +1.768759937e-01f, +2.258699616e-01f, +2.918412329e-01f};
-constant float tq_mtl_subscale[16] = {
-    +6.000000000e-01f, +6.377942276e-01f, +6.779691279e-01f, +7.206746604e-01f,
-    +7.660702306e-01f, +8.143252850e-01f, +8.656199435e-01f, +9.201456721e-01f,
-    +9.781059970e-01f, +1.039717265e+00f, +1.105209450e+00f, +1.174827012e+00f,
-    +1.248829811e+00f, +1.327494075e+00f, +1.411113430e+00f, +1.500000000e+00f};
+// Tables: the codebooks and sub-block scales are the codec's header, prepended by ggml-metal's CMake when it embeds
+// the library (hence the guard) and found beside this file when it compiles one; the sign patterns are tq_codec.c's.
+#ifndef TQ_CODEBOOKS_H
+#include "tq_codebooks.h"
+#endif
 constant uint tq_mtl_signs[4]    = {0x76bcc29au, 0xec660926u, 0xfdbbf446u, 0x70d451fcu};
 constant uint tq_mtl_signs_64[2] = {0x31de3918u, 0x1ab9667fu};
 
@@ -85,10 +51,10 @@ template <int BITS, int N> struct tq_mtl_fmt {
 };
 
 template <int BITS, int N> static inline float tq_mtl_cent(int i) {
-    return N == 128 ? (BITS == 3 ? tq_mtl_cent3[i] : tq_mtl_cent4[i]) : (BITS == 3 ? tq_mtl_cent3_64[i] : tq_mtl_cent4_64[i]);
+    return N == 128 ? (BITS == 3 ? TQ3_CENTROIDS[i] : TQ4_CENTROIDS[i]) : (BITS == 3 ? TQ3_64_CENTROIDS[i] : TQ4_64_CENTROIDS[i]);
 }
 template <int BITS, int N> static inline float tq_mtl_bound(int i) {
-    return N == 128 ? (BITS == 3 ? tq_mtl_bound3[i] : tq_mtl_bound4[i]) : (BITS == 3 ? tq_mtl_bound3_64[i] : tq_mtl_bound4_64[i]);
+    return N == 128 ? (BITS == 3 ? TQ3_BOUNDARIES[i] : TQ4_BOUNDARIES[i]) : (BITS == 3 ? TQ3_64_BOUNDARIES[i] : TQ4_64_BOUNDARIES[i]);
 }
 template <int N> static inline float tq_mtl_sign(int i) {
     const uint w = N == 128 ? tq_mtl_signs[i >> 5] : tq_mtl_signs_64[i >> 5];
@@ -359,7 +325,7 @@ template <int BITS, int N> static inline uint tq_mtl_pick(thread const float * y
     uchar cand[32];
     float sb[15];
     for (uint j = 0; j < 16; ++j) {
-        const float m = tq_mtl_subscale[j];
+        const float m = TQ_SUBSCALE[j];
         for (int t = 0; t < nb; ++t) {
             sb[t] = m * tq_mtl_bound<BITS, N>(t);
         }
@@ -448,7 +414,7 @@ template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block
         const uint j = tq_mtl_pick<BITS, N>(y + k * len, idx + k * len);
         subs |= j << (4 * k);
         for (int i = k * len; i < (k + 1) * len; ++i) {
-            c[i] = tq_mtl_subscale[j] * tq_mtl_cent<BITS, N>(idx[i]);
+            c[i] = TQ_SUBSCALE[j] * tq_mtl_cent<BITS, N>(idx[i]);
         }
     }
     const tq_sd yc = tq_mtl_canon_sum<N>(y, c);
@@ -470,7 +436,7 @@ template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block
 template <int BITS, int N> static inline float tq_mtl_rotated_value(device const uchar * blk, int i) {
     const float s = tq_mtl_bf16_to_fp32((ushort) (blk[0] | (blk[1] << 8)));
     const uint subs = (uint) blk[2] | ((uint) blk[3] << 8);
-    const float c = tq_mtl_subscale[(subs >> (4 * (i / (N / 4)))) & 15u] * tq_mtl_cent<BITS, N>((int) tq_mtl_index<BITS, N>(blk + 4, i));
+    const float c = TQ_SUBSCALE[(subs >> (4 * (i / (N / 4)))) & 15u] * tq_mtl_cent<BITS, N>((int) tq_mtl_index<BITS, N>(blk + 4, i));
     return s * c;
 }
 
@@ -479,7 +445,7 @@ template <int BITS, int N> static inline void tq_mtl_dequantize_block(device con
     const float s = tq_mtl_bf16_to_fp32((ushort) (blk[0] | (blk[1] << 8)));
     const uint subs = (uint) blk[2] | ((uint) blk[3] << 8);
     for (int i = 0; i < N; ++i) {
-        x[i] = tq_mtl_subscale[(subs >> (4 * (i / (N / 4)))) & 15u] * tq_mtl_cent<BITS, N>((int) tq_mtl_index<BITS, N>(blk + 4, i));
+        x[i] = TQ_SUBSCALE[(subs >> (4 * (i / (N / 4)))) & 15u] * tq_mtl_cent<BITS, N>((int) tq_mtl_index<BITS, N>(blk + 4, i));
     }
     tq_mtl_fwht<N>(x);
     for (int i = 0; i < N; ++i) {
