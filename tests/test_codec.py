@@ -201,8 +201,18 @@ def test_edge_cases(kind: str) -> None:
 
     huge = np.full((1, W), 3.0e38, np.float32)
     blk = _codec.quantize(huge, kind)
-    assert blk[0, :2].view("<u2")[0] == 0x7F7F  # scale saturated at the largest finite bfloat16
+    assert blk[0, :2].view("<u2")[0] == 0x7E7D  # scale saturated at TQ_SCALE_MAX (tq_codec.h)
     assert np.all(np.isfinite(_codec.dequantize(blk, kind)))
+    # one value at or near FLT_MAX, the rest small or zero: the worst case for the decoded spike (it used to be Inf
+    # for tq4 / tq4_64, whose largest centroids reach furthest)
+    fmax = np.finfo(np.float32).max
+    for spike in (fmax, -fmax, np.float32(3.397e38)):
+        for rest in (0.0, 1.0):
+            x = np.full((1, W), rest, np.float32)
+            x[0, 3] = spike
+            dec = _codec.dequantize(_codec.quantize(x, kind), kind)
+            assert np.all(np.isfinite(dec)), (kind, spike, rest)
+            assert abs(dec[0, 3]) > 1e37 and np.sign(dec[0, 3]) == np.sign(spike)
 
     for bad in (np.nan, np.inf, -np.inf):
         x = np.ones((2, W), np.float32)

@@ -372,8 +372,8 @@ static void tq_quantize_fmt(const tq_fmt *f, const float *x, void *block, tq_sub
     const double yc = tq_sum_canonical(t0, n);
     const double cc = tq_sum_canonical(t1, n);
     double s = norm * (yc / cc); /* cc > 0: no centroid is zero */
-    if (s > (double)TQ_BF16_MAX) {
-        s = (double)TQ_BF16_MAX;
+    if (s > (double)TQ_SCALE_MAX) {
+        s = (double)TQ_SCALE_MAX;
     }
     tq_store_header(out, tq_fp32_to_bf16((float)s), (uint16_t)subs);
 }

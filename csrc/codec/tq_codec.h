@@ -48,7 +48,8 @@
  *   - all-zero block -> s = 0, decodes to exact zeros;
  *   - any NaN or Inf in the block -> s = NaN, indices 0: the whole block decodes to NaN ("poisoned"),
  *     as an f16 cache would propagate it; nothing is read or written out of bounds;
- *   - huge finite values -> s saturates at the largest finite bfloat16 (~3.39e38);
+ *   - huge finite values -> s saturates at TQ_SCALE_MAX (~8.4e37), so every decoded value stays finite
+ *     (below FLT_MAX) even for a single value at FLT_MAX;
  *   - tiny (subnormal) values -> normalized in double, so the direction is kept.
  */
 #ifndef TQ_CODEC_H
@@ -85,8 +86,10 @@ extern "C" {
 #define TQ_WHT_NORM_64 0.125f
 /* 1/(3 sqrt(32)): the 96-point rotation's 32-point Hadamard and 3-point mix made orthonormal */
 #define TQ_WHT_NORM_96 0.05892556509887896f
-/* the largest finite bfloat16 (0x7f7f): scales are clamped to it so rounding never produces Inf */
-#define TQ_BF16_MAX 3.38953139e38f
+/* The largest scale (bfloat16 0x7e7d = 1.9765625 * 2^125): a decoded value is s * u_i with |u_i| <= ||c'||_2 <=
+ * sqrt(n) * 1.5 * (the largest centroid) < 4.04 for every format (tq4: 4.033), so s <= FLT_MAX / 4.04 keeps every
+ * finite input's decoded values finite (the largest finite bfloat16 would let a single huge value decode to Inf). */
+#define TQ_SCALE_MAX 8.407367073e37f
 
 typedef struct {
     uint16_t scale_bf16;

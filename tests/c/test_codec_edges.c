@@ -66,6 +66,11 @@ int main(void) {
         roundtrip(bits, x, N, y);
         for (int i = 0; i < N; ++i) CHECK(isfinite(y[i]), "tq%d huge input gave non-finite output", bits);
 
+        for (int i = 0; i < N; ++i) x[i] = 0.0f; /* one value at FLT_MAX per block: the decoded spike stays finite */
+        for (int b = 0; b < N / TQ_BLOCK; ++b) x[b * TQ_BLOCK + 17 * b % TQ_BLOCK] = (b & 1) ? -FLT_MAX : FLT_MAX;
+        roundtrip(bits, x, N, y);
+        for (int i = 0; i < N; ++i) CHECK(isfinite(y[i]), "tq%d a single FLT_MAX decoded to %g", bits, y[i]);
+
         for (int i = 0; i < N; ++i) x[i] = (i % 3) ? 1e-45f : -1e-45f; /* smallest subnormal */
         roundtrip(bits, x, N, y);
         for (int i = 0; i < N; ++i) CHECK(isfinite(y[i]), "tq%d subnormal input gave non-finite output", bits);

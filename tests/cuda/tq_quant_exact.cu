@@ -85,6 +85,8 @@ static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed, int N)
                 case 7: v[i] = 1.0f; break;
                 case 8: v[i] = -2.5e38f; break;
                 case 9: v[i] = 1.0e-45f * (float) (i % 3); break;
+                case 10: v[i] = i == 3 ? 3.4028235e38f : 0.0f; break;           // one value at FLT_MAX (the scale clamp)
+                case 11: v[i] = i == 40 % N ? -3.4028235e38f : gauss(rng); break;
                 case 16: case 17: case 18: v[i] = scale * gauss(rng); break;
                 case 19: v[i] = scale * (uni(rng) < 0.5f ? -1.0f : 1.0f) * -logf(uni(rng) + 1e-30f); break;
                 case 20: v[i] = 5.0f + 1e-3f * gauss(rng); break;

@@ -404,8 +404,8 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
             double yc, cc;
             tq_cu_canon_sum2<TQ_BLOCK>(sm.d[0], sm.d[1], lane, yc, cc);
             double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
-            if (s > tq_f2d(TQ_BF16_MAX)) { // the largest finite bfloat16, as the codec clamps
-                s = tq_f2d(TQ_BF16_MAX);
+            if (s > tq_f2d(TQ_SCALE_MAX)) { // TQ_SCALE_MAX, as the codec clamps (decoded values stay finite)
+                s = tq_f2d(TQ_SCALE_MAX);
             }
             scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
         }
@@ -556,8 +556,8 @@ static __device__ void tq_cu_quantize_block64(const tq_cu_tables & t, float x, u
             double yc, cc;
             tq_cu_canon_sum2<TQ_BLOCK_64>(sm.d[0], sm.d[1], lane, yc, cc);
             double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
-            if (s > tq_f2d(TQ_BF16_MAX)) {
-                s = tq_f2d(TQ_BF16_MAX);
+            if (s > tq_f2d(TQ_SCALE_MAX)) {
+                s = tq_f2d(TQ_SCALE_MAX);
             }
             scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
         }
@@ -717,8 +717,8 @@ static __device__ void tq_cu_quantize_block96(const tq_cu_tables & t, float x, u
             double yc, cc;
             tq_cu_canon_sum2<TQ_BLOCK_96>(sm.d[0], sm.d[1], lane, yc, cc);
             double s = __dmul_rn(norm, __ddiv_rn(yc, cc));
-            if (s > tq_f2d(TQ_BF16_MAX)) {
-                s = tq_f2d(TQ_BF16_MAX);
+            if (s > tq_f2d(TQ_SCALE_MAX)) {
+                s = tq_f2d(TQ_SCALE_MAX);
             }
             scale_bits = tq_cu_fp32_to_bf16(tq_d2f(s));
         }

@@ -421,7 +421,7 @@ template <typename TS, int BITS, int N> static inline void tq_mtl_quantize_block
     const tq_sd cc = tq_mtl_canon_sum<N>(c, c);
     tq_mtl_pack<BITS, N>(idx, out + 4);
     tq_sd s = tq_sd_mul(norm, tq_sd_div(yc, cc));
-    const tq_sd smax = tq_sd_from_float(3.38953139e38f);
+    const tq_sd smax = tq_sd_from_float(8.407367073e37f);
     if (tq_sd_gt(s, smax)) {
         s = smax;
     }
