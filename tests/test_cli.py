@@ -107,3 +107,71 @@ def test_default_model_is_assembled() -> None:
 def test_paths(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["paths"]) == 0
     assert "LLAMA_CPP_LIB_PATH=" in capsys.readouterr().out
+
+
+# Bad invocations of every subcommand: each a one-line error and exit 2 (bad input), no traceback, before any tool
+# runs. "{text}" is a real text file, "{notgguf}" a file that is not a GGUF.
+BAD_INVOCATIONS = [
+    "validate -n 0",
+    "validate -n -1",
+    "validate -n abc",
+    "memory {notgguf}",
+    "memory {missing}",
+    "memory --ctx -5",
+    "memory --ctx 0",
+    "patch {notgguf}",
+    "patch {missing}",
+    "ppl --text {text} --kv ''",
+    "ppl --text {text} --kv tq9/tq9",
+    "ppl --text {text} --extra='\"x'",
+    "ppl --text {text} --evict='\"x'",
+    "ppl --text {text} --ctx 0",
+    "ppl --text {text} --chunks -3",
+    "ppl --text {text} --threads 0",
+    "ppl --text {missing}",
+    "niah --text {missing}",
+    "niah --text {text} --ctx -1",
+    "niah --text {text} --positions 2",
+    "niah --text {text} -n 0",
+    "niah --text {text} --extra='\"x'",
+    "demo --text {missing}",
+    "demo --text {text} --ctx -100",
+    "demo --text {text} --kv ''",
+    "bench --depths abc",
+    "bench --depths -1",
+    "bench --reps 0",
+    "bench --rounds 0",
+    "bench --prompt 0 --gen 0",
+    "bench --ref f16/f16 --kv tq3/tq3",
+    "v3 --text {text} --retention 200",
+    "v3 --text {text} --retention abc",
+    "v3 --text {text} --niah-retention 0",
+    "v3 --text {text} --flags='\"x'",
+    "v3 --text {missing}",
+    "v3 --text {text} --caches ''",
+    "evict --text {text} --budgets abc",
+    "evict --text {text} --budgets -0.5",
+    "evict --text {text} --budgets 100",
+    "evict --text {text} --policies V9",
+    "evict --text {missing}",
+    "dev frobnicate {missing}",
+]
+
+
+@pytest.mark.parametrize("cmd", BAD_INVOCATIONS)
+def test_bad_invocation_is_one_line_and_exit_2(cmd: str, tmp_path: Path) -> None:
+    import shlex
+    import sys
+
+    text = tmp_path / "text.txt"
+    text.write_text("Some text. More text.\n" * 50)
+    notgguf = tmp_path / "notagguf.txt"
+    notgguf.write_text("hello\n")
+    argv = shlex.split(cmd.format(text=text, notgguf=notgguf, missing=tmp_path / "nonexistent"))
+    proc = subprocess.run([sys.executable, "-m", "llama_tq", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2, (cmd, proc.returncode, proc.stderr[-2000:], proc.stdout[-500:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "error:" in last, proc.stderr
+    assert not list(tmp_path.glob("out")), "nothing ran"

@@ -178,7 +178,7 @@ def test_refuses_wrong_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert run_cli(str(other)) == 1
     assert "does not apply" in capsys.readouterr().err
     assert snapshot(other) == before
-    assert run_cli(str(tmp_path / "missing")) == 1
+    assert run_cli(str(tmp_path / "missing")) == 2  # bad input, not a series that fails
     assert "does not look like a llama.cpp tree" in capsys.readouterr().err
 
 

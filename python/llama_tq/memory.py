@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 
 from .cachetypes import REPORT_TYPES, cache_type, for_head, is_tq
-from .errors import UsageError
+from .errors import ModelError, UsageError
 
 # Architectures whose sliding-window layer pattern llama.cpp hard-codes (every n-th layer is global).
 _SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "cohere2": 4}
@@ -48,7 +48,10 @@ def _ints(value: object, key: str, n: int) -> list[int]:
 
 
 def read_attn_params(path: Path) -> AttnParams:
-    r = gguf.GGUFReader(path)
+    try:
+        r = gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError) as e:  # gguf raises ValueError on a bad magic, IndexError when short
+        raise ModelError(f"{path} is not a readable GGUF file ({e})") from None
     arch = str(_field(r, "general.architecture"))
     n_layer = _int(_field(r, f"{arch}.block_count"), "block_count")
     n_head = _ints(_field(r, f"{arch}.attention.head_count"), "head_count", n_layer)

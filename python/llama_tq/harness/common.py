@@ -67,7 +67,10 @@ class KvConfig:
 
     @classmethod
     def parse_list(cls, specs: str) -> list[KvConfig]:
-        return [cls.parse(c) for c in specs.replace(" ", ",").split(",") if c.strip()]
+        configs = [cls.parse(c) for c in specs.replace(" ", ",").split(",") if c.strip()]
+        if not configs:
+            raise UsageError(f"no K/V configuration in {specs!r} (e.g. 'tq3/tq3,q4_0/q4_0')")
+        return configs
 
     @property
     def name(self) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from ..errors import PatchError
+from ..errors import PatchError, UsageError
 
 # Standalone sources (built on their own for the Python modules) and where the series expects them in the tree.
 STANDALONE_DEST = {"csrc/codec": "ggml/src/tq", "csrc/triatt": "src/triatt"}
@@ -186,7 +186,7 @@ class CheckResult:
 
 def _require_tree(tree: Path) -> None:
     if not (tree / "ggml").is_dir() or not (tree / "CMakeLists.txt").is_file():
-        raise PatchError(f"{tree} does not look like a llama.cpp tree (no ggml/ or CMakeLists.txt)")
+        raise UsageError(f"{tree} does not look like a llama.cpp tree (no ggml/ or CMakeLists.txt)")
 
 
 def check(tree: Path, series: Series | None = None) -> CheckResult:
