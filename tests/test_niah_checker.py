@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,32 @@ def test_build_prompt_fits_the_budget() -> None:
     assert q.text.endswith(niah.QUESTION)
     with pytest.raises(niah.NiahError, match="no room"):
         niah.build_prompt(count, hay, 40, N, 0.5, "cloze")
+
+
+@pytest.mark.parametrize(
+    ("hay", "count"),
+    [
+        ("这是一段没有任何句号的中文文本用来检验针的位置" * 400, lambda t: len(t) + 1),  # CJK: a token a character
+        (" ".join(f"word{i}" for i in range(20000)), lambda t: len(t.split()) + 1),  # one paragraph, no sentence end
+    ],
+    ids=["cjk", "one-paragraph"],
+)
+def test_build_prompt_places_the_needle_without_sentence_ends(hay: str, count: Callable[[str], int]) -> None:
+    """A haystack without ASCII sentence ends is cut into short pieces, so start / middle / end land where asked
+    (the needle used to land at token 0 of a 24-token prompt for every position)."""
+    fixed = count(N.sentence + " " + "\n\n" + N.cue)
+    for frac in (0.0, 0.5, 1.0):
+        p = niah.build_prompt(count, hay, 1000, N, frac, "cloze")
+        assert p.tokens >= 970, p.tokens
+        assert abs(p.needle_token / (p.tokens - fixed) - frac) < 0.05, (frac, p.needle_token, p.tokens)
+
+
+def test_build_prompt_refuses_a_needle_it_cannot_place() -> None:
+    """Pieces too large to put the needle near the asked place (words of 300 tokens in a 1000-token prompt) are
+    refused, not run at the wrong depth."""
+
+    def count(text: str) -> int:
+        return len(text) + 1  # a token a character
+
+    with pytest.raises(niah.NiahError, match="landed"):
+        niah.build_prompt(count, ("x" * 300 + " ") * 20, 1000, N, 0.5, "cloze")

@@ -286,3 +286,28 @@ def test_gpu_summary_merges_by_value() -> None:
     }
     assert new["q8_0/q8_0"] == old["q8_0/q8_0"]
     assert old["tq3/tq3"]["tg128_d0"] == 1650.0  # the old summary is not modified
+
+
+def test_v3_table_rows_show_their_own_runs() -> None:
+    """Row 0 of each PPL matrix is the f16 KLD base: the f16/f16 row's eviction cells are the evicted f16/f16 run,
+    not that base (+0.00 %, KLD 0 in every column before)."""
+    from llama_tq.harness import v3
+
+    def row(config: str, ppl: float, kld: float, ev: int | None) -> dict[str, object]:
+        return {"config": config, "ppl": ppl, "kld": kld, "ok": True, "error": "", "evictions": ev}
+
+    report = {
+        "ctx": 2048,
+        "niah_ctx": 4096,
+        "ppl": {
+            "0": [row("f16/f16", 10.0, 0.0, None), row("f16/f16", 10.0, 0.0, None), row("tq3/tq3", 10.5, 0.08, None)],
+            "75": [row("f16/f16", 10.0, 0.0, None), row("f16/f16", 11.0, 0.05, 7), row("tq3/tq3", 11.6, 0.12, 7)],
+        },
+        "niah": {},
+    }
+    table = v3.summary(report)
+    f16 = next(ln for ln in table.splitlines() if ln.startswith("| f16/f16 |"))
+    assert "11.0000 (+10.00 %), KLD 0.0500, 7 rounds" in f16, f16
+    assert "+0.00 %" not in f16
+    tq3 = next(ln for ln in table.splitlines() if ln.startswith("| tq3/tq3 |"))
+    assert "11.6000 (+10.48 %), KLD 0.1200, 7 rounds" in tq3, tq3

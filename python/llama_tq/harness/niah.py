@@ -120,16 +120,37 @@ def tokenizer_for(model: Path) -> Callable[[str], int]:
     return count
 
 
+UNIT_CHARS = 200  # the longest piece of haystack between two places the needle may go (~50 tokens of English)
+CHAR_CUT = 32  # a text without whitespace (CJK) is cut every CHAR_CUT characters (about as many tokens)
+
+
 def sentences(text: str) -> list[str]:
-    """The text cut after sentence ends and blank lines, each piece keeping its trailing whitespace."""
+    """The text cut after sentence ends and blank lines, each piece keeping its trailing whitespace. A piece longer
+    than UNIT_CHARS (a text without ASCII sentence ends: CJK, one long paragraph) is cut further, at whitespace where
+    it has some, else every CHAR_CUT characters, so the needle can go near any depth."""
     parts = re.split(r"(?<=[.!?])(\s+)|(\n\s*\n)", text)
     out: list[str] = []
     for i in range(0, len(parts), 3):
         piece = parts[i] or ""
         seps = "".join(p for p in parts[i + 1 : i + 3] if p)
         if piece.strip():
-            out.append(piece + (seps or " "))
+            out.extend(_cut(piece + (seps or " ")))
     return out
+
+
+def _cut(piece: str) -> list[str]:
+    if len(piece) <= UNIT_CHARS:
+        return [piece]
+    words = re.findall(r"\S+\s*", piece)
+    if len(words) < 2:  # no whitespace inside: cut by characters
+        return [piece[i : i + CHAR_CUT] for i in range(0, len(piece), CHAR_CUT)]
+    out, cur = [], ""
+    for w in words:
+        if cur and len(cur) + len(w) > UNIT_CHARS:
+            out.append(cur)
+            cur = ""
+        cur += w
+    return [*out, cur] if cur else out
 
 
 @dataclass
@@ -181,9 +202,17 @@ def build_prompt(
         if n_tokens * 0.97 <= got <= n_tokens:
             break
         chars_per_token *= (n_tokens - fixed) / max(1, got - fixed)
+        if got > n_tokens:  # whole pieces overshoot: aim a little lower, or the estimate settles just above
+            chars_per_token *= 0.985
         budget = n_tokens - fixed
     if best is None:
         raise NiahError(f"could not fit a prompt into {n_tokens} tokens")
+    if best.tokens < 0.8 * n_tokens:
+        raise NiahError(f"the haystack filled only {best.tokens} of {n_tokens} tokens around the needle")
+    landed = best.needle_token / max(1, best.tokens - fixed)  # the needle's place within the haystack
+    if abs(landed - fraction) > 0.05:  # the measured place, not the requested one, is what a result means
+        raise NiahError(f"the needle landed at {landed:.2f} of the haystack, not {fraction:.2f}: the haystack has too "
+                        "few places to put it")  # fmt: skip
     return best
 
 
@@ -290,6 +319,8 @@ def print_table(results: list[NiahResult]) -> None:
     for c in configs:
         row = [cell.get((c, p), "-") for p in positions]
         print(f"{c:<18}" + "".join(f" {s:>15}" for s in row) + f"   {row.count('PASS')}/{len(row)}")
+    depths = {r.position: r.depth for r in results}  # measured (needle tokens before / prompt tokens)
+    print("needle depth (measured): " + ", ".join(f"{p} {depths[p]:.2f}" for p in positions if p in depths))
     for r in results:
         if r.error:
             print(f"note: {r.config} @ {r.position}: {r.error}")

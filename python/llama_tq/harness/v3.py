@@ -65,14 +65,15 @@ def summary(report: dict[str, Any]) -> str:
     """PPL and KLD per cache and retention (change against the same cache without eviction), then the NIAH grid."""
     runs: dict[str, list[dict[str, Any]]] = report["ppl"]
     pcts = list(runs)
-    base = {str(r["config"]): r for r in runs["0"]}
+    # row 0 of every matrix is the f16 KLD base (no eviction): a cache's cells are its own runs, rows 1..
+    base = {str(r["config"]): r for r in runs["0"][1:]}
     lines = [f"PPL, -c {report['ctx']} -b 512 --chunks 3 (change vs the same cache without eviction)",
              "", "| cache | " + " | ".join("no eviction" if p == "0" else f"V3 {p} %" for p in pcts) + " |",
              "|---" * (len(pcts) + 1) + "|"]  # fmt: skip
     for name in [str(r["config"]) for r in runs["0"][1:]]:
         cells = []
         for p in pcts:
-            r = next((x for x in runs[p] if x["config"] == name), None)
+            r = next((x for x in runs[p][1:] if x["config"] == name), None)
             if r is None or not r["ok"]:
                 cells.append("FAILED" if r is None else str(r["error"]))
                 continue
