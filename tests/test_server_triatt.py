@@ -3,19 +3,17 @@ slot evicted to its own budget, no errors, the server healthy after, and an evic
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from llama_tq.models import default_model
+from server_util import free_port, healthy, post
 
 pytestmark = pytest.mark.e2e
 
@@ -26,28 +24,6 @@ WORDS = (100, 400, 600, 700)
 TEXT = " ".join(
     f"Item {i} of the inventory is a box of {i * 7 % 13} red apples kept in room {i % 9}." for i in range(200)
 )
-
-
-def post(port: int, path: str, body: dict[str, object]) -> dict[str, object]:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return dict(json.loads(r.read()))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def test_slots_evict_to_their_budget_and_restore_exactly(tmp_path: Path) -> None:

@@ -728,6 +728,12 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
     for (const auto & [il, L] : layers) {
         std::vector<float> mu((size_t) L.n), cur((size_t) L.n);
         io.read(mu.data(), mu.size() * sizeof(float));
+        // a key mean is a mean of keys: not NaN / Inf, nor beyond any key's magnitude (a corrupt or crafted file)
+        if (std::any_of(mu.begin(), mu.end(), [](float v) { return !std::isfinite(v) || std::fabs(v) > 1e6f; })) {
+            LLAMA_LOG_ERROR("%s: the state's key mean of layer %d is not finite or out of range: refused\n", __func__,
+                            il);
+            return false;
+        }
         ggml_backend_tensor_get(L.t, cur.data(), 0, cur.size() * sizeof(float));
         differs = differs || std::memcmp(mu.data(), cur.data(), mu.size() * sizeof(float)) != 0;
         mus.push_back(std::move(mu));

@@ -32,6 +32,7 @@
 
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "llama-tq-state.h" // the state-file checks, beside the keys' own state
 
 #include <cstdint>
 #include <map>
