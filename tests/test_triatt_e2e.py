@@ -174,3 +174,13 @@ def test_each_sequence_gets_its_own_budget(text: Path) -> None:
     seqs = re.findall(r"triatt: evict: evicted \d+/\d+ cells round=\d+ seq=(\d) kept=600 budget=600", log)
     assert {"0", "1"} <= set(seqs), log[-3000:]
     final_ppl(log)
+
+
+def test_a_budget_no_sequence_reaches_is_said(text: Path) -> None:
+    """-c 2048 with --triatt-budget 2000: a round starts above budget + divide = 2128 cells, which a sequence of this
+    context never holds; the log says so at configuration (before: silence, and no eviction)."""
+    proc = perplexity(text, "--triatt-budget", "2000")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "a sequence holds at most 2048 cells, never more than budget + divide = 2128" in log, log[-3000:]
+    assert "triatt: evict:" not in log

@@ -790,6 +790,13 @@ int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * 
         LLAMA_LOG_INFO("triatt: %s eviction on: budget %d, prefix %d, window %d, segments %d, divide %d, warmup %d, "
                        "pool %d\n", triatt_policy_name(cfg.hybrid), cfg.budget, cfg.prefix, cfg.window, cfg.segments,
                        cfg.divide, cfg.warmup, cfg.pool);
+        const uint32_t n_ctx_seq = ctx->get_cparams().n_ctx_seq;
+        if ((uint64_t) cfg.budget + (uint64_t) cfg.divide >= n_ctx_seq) {
+            // a round starts above budget + divide cells of a sequence, which a sequence of this context never holds
+            LLAMA_LOG_WARN("triatt: a sequence holds at most %u cells, never more than budget + divide = %lld: "
+                           "nothing will be evicted (lower --triatt-budget or raise the context)\n", n_ctx_seq,
+                           (long long) cfg.budget + cfg.divide);
+        }
         if (triatt_policy_scored(cfg.hybrid) && cfg.pool > 0 && !triatt_pool_active(&cfg, triatt_free_slots(&cfg))) {
             // say so: a user who set --triatt-pool would otherwise not know that this budget ranks by own scores
             LLAMA_LOG_INFO("triatt: pooling off at this budget: its %lld free slots hold fewer than %d spans of %d "
