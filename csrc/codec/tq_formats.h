@@ -52,15 +52,4 @@ static inline int tq_fa_head_ok(const char *backend, int values, int head) {
     return 0;
 }
 
-/* Whether `backend` appears in TQ_FA_HEADS at all (a GPU backend with TQ kernels). */
-static inline int tq_fa_backend_known(const char *backend) {
-#define TQ_FA_BACKEND_MATCH(b, v, h)                                                                                  \
-    if (strcmp(backend, #b) == 0) {                                                                                   \
-        return 1;                                                                                                     \
-    }
-    TQ_FA_HEADS(TQ_FA_BACKEND_MATCH)
-#undef TQ_FA_BACKEND_MATCH
-    return 0;
-}
-
 #endif /* TQ_FORMATS_H */
