@@ -48,6 +48,16 @@ def test_memory_report_default_model(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "4.92x" in capsys.readouterr().out
 
 
+def test_memory_report_triatt_host_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """TriAttention's host memory as libllama states it at configure time (test_triatt_e2e.py checks the log line for
+    the same context): a 1028 B record (256 + 1 floats) for at most 300 + 128 + 512 cells a sequence."""
+    args = ["memory", "--ctx", "131072", "--triatt-budget", "300", "--np", "2", "--json", str(tmp_path / "m.json")]
+    assert main(args) == 0
+    t = json.loads((tmp_path / "m.json").read_text())["triatt"]
+    assert t == {"record_bytes": 1028, "cells": 2 * 940, "records_bytes": 1028 * 2 * 940, "index_bytes": 8 * 131072}
+    assert "1028 B a held cell x 1,880 cells = 1.84 MiB" in capsys.readouterr().out
+
+
 def header_only_model(path: Path, head: int) -> Path:
     gguf = pytest.importorskip("gguf")
     w = gguf.GGUFWriter(str(path), "llama")
@@ -118,6 +128,8 @@ BAD_INVOCATIONS = [
     "memory {notgguf}",
     "memory {missing}",
     "memory --ctx -5",
+    "memory --triatt-budget -1",
+    "memory --np 0",
     "memory --ctx 0",
     "patch {notgguf}",
     "patch {missing}",

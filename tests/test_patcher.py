@@ -47,7 +47,7 @@ def test_series_is_thin_and_generated() -> None:
     assert {d for _, d in s.files} >= {"ggml/src/tq/tq_codec.c", "ggml/src/tq/tq_codec.h"}
 
 
-UPSTREAM_LINE_BUDGET = 330  # changed lines of upstream files the series may carry (test-backend-ops excluded)
+UPSTREAM_LINE_BUDGET = 320  # changed lines of upstream files the series may carry (test-backend-ops excluded)
 
 
 def upstream_lines_changed(series: patcher.Series) -> dict[str, int]:

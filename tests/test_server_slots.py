@@ -74,7 +74,7 @@ def test_corrupt_slot_files_are_refused_and_change_nothing(server: tuple[int, Pa
     post(port, "/slots/0?action=save", {"filename": "good.bin"})
     good = (slots / "good.bin").read_bytes()
     k0 = _k_rows_offset(good)
-    mean = good.index(struct.pack("<I", 0x314B5154)) + 8  # "TQK1", flags, then the first layer's key mean
+    mean = good.index(struct.pack("<I", 0x324B5154)) + 16  # "TQK2", flags, rows (1), set, the first layer's mean
     bad = {
         "cut.bin": good[:-1],
         "cut_more.bin": good[: len(good) // 2],

@@ -184,3 +184,33 @@ def test_a_budget_no_sequence_reaches_is_said(text: Path) -> None:
     assert proc.returncode == 0, log[-3000:]
     assert "a sequence holds at most 2048 cells, never more than budget + divide = 2128" in log, log[-3000:]
     assert "triatt: evict:" not in log
+
+
+def _max_rss_mib(args: list[str]) -> tuple[float, str]:
+    """Peak resident memory of one run of args (in a child of its own, so that no other run's peak counts)."""
+    import json
+    import sys
+
+    probe = ("import json, resource, subprocess, sys; p = subprocess.run(json.loads(sys.argv[1]), capture_output=True, "
+             "text=True); print(json.dumps([resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode, "
+             "p.stdout + p.stderr]))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe, json.dumps(args)], capture_output=True, text=True, timeout=900)
+    rss_kib, rc, log = json.loads(out.stdout)
+    assert rc == 0, log[-3000:]
+    return rss_kib / 1024, log
+
+
+def test_host_memory_follows_the_budget_not_the_context(text: Path) -> None:
+    """A 131072-cell context with budget 300: the folded keys' records follow the cells that hold keys, not the
+    context (before: 1028 B for each of the 131072 cells, +135 MB at the first round; the log said nothing)."""
+    exe = shutil.which("llama-completion")
+    assert exe
+    prompt = text.parent / "prompt.txt"
+    prompt.write_text(default_text()[:6000])  # ~1400 tokens: rounds during the prefill
+    args = [exe, "-m", str(default_model()), "-f", str(prompt), "-c", "131072", "-n", "4", "-no-cnv", "-t", "2",
+            "-fa", "on", "-ctk", "tq3", "-ctv", "tq3", "--temp", "0", "-lv", "4"]  # fmt: skip
+    plain, _ = _max_rss_mib(args)
+    evicting, log = _max_rss_mib([*args, "--triatt-budget", "300", "--triatt-warmup", "256"])
+    assert "triatt: evict:" in log, log[-3000:]
+    assert re.search(r"triatt: folded keys on the host: 1028 B a cell that holds a key, at most 1 x 940 cells", log)
+    assert evicting - plain < 40, (plain, evicting)

@@ -50,7 +50,7 @@ def _cmd_memory(args: argparse.Namespace) -> int:
     from .memory import memory_report
 
     model = _model(args)
-    report = memory_report(model, n_ctx=args.ctx)
+    report = memory_report(model, n_ctx=args.ctx, triatt_budget=args.triatt_budget, n_seq=args.np)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
@@ -272,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="KV cache bytes per token and total per cache type for a model")
     p.add_argument("model", nargs="?", type=Path, help="a .gguf file (default: Gemma 3 270M from PyPI)")
     p.add_argument("--ctx", type=_int_at_least(1), default=4096, help="context length for the totals (default 4096)")
+    p.add_argument("--triatt-budget", type=_int_at_least(0), default=0,
+                   help="also TriAttention's host memory at this eviction budget (default 0: off)")  # fmt: skip
+    p.add_argument("--np", type=_int_at_least(1), default=1, help="sequences (llama-server --parallel), default 1")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.set_defaults(func=_cmd_memory)
 

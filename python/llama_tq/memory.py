@@ -84,10 +84,28 @@ class MemoryRow(TypedDict, total=False):
     total_bytes: int
 
 
+def triatt_host_bytes(p: AttnParams, n_ctx: int, budget: int, n_seq: int = 1, n_ubatch: int = 512) -> dict[str, int]:
+    """TriAttention's host memory as libllama logs it at configure time: a folded key record per cell that holds a key
+    (head_k + 1 floats for the full-attention layers, which share one RoPE group in the supported models), for at
+    most budget + divide + n_ubatch cells a sequence (twice that between sweeps), plus 8 B a cache cell."""
+    from . import _triatt
+
+    divide = int(next(q["default"] for q in _triatt.PARAMS if q["name"] == "divide"))
+    record = 4 * (p.head_k + 1)
+    cells = min(n_ctx, budget + divide + n_ubatch) * n_seq
+    return {"record_bytes": record, "cells": cells, "records_bytes": record * cells, "index_bytes": 8 * n_ctx}
+
+
 def memory_report(
-    gguf_path: str | Path, n_ctx: int = 4096, n_ubatch: int = 512, quiet: bool = False
+    gguf_path: str | Path,
+    n_ctx: int = 4096,
+    n_ubatch: int = 512,
+    quiet: bool = False,
+    triatt_budget: int = 0,
+    n_seq: int = 1,
 ) -> dict[str, Any]:
-    """Print (and return) KV bytes per token and totals for f16, q8_0, q4_0, tq4 and tq3."""
+    """Print (and return) KV bytes per token and totals for f16, q8_0, q4_0, tq4 and tq3; with a TriAttention
+    budget, also the eviction's host memory for n_seq sequences."""
     p = read_attn_params(Path(gguf_path))
     rows: list[MemoryRow] = []
     notes: list[str] = []
@@ -112,6 +130,9 @@ def memory_report(
         rows.append({"type": kind, "supported": True, "bytes_per_token": per_token, "total_bytes": total})
     f16 = rows[0]["bytes_per_token"]
     report = {"model": str(gguf_path), "n_ctx": n_ctx, "params": p.__dict__, "rows": rows, "notes": notes}
+    triatt = triatt_host_bytes(p, n_ctx, triatt_budget, n_seq, n_ubatch) if triatt_budget > 0 else None
+    if triatt is not None:
+        report["triatt"] = triatt
     if not quiet:
         n_swa = sum(p.is_swa(i) for i in range(p.n_layer))
         print(
@@ -129,4 +150,11 @@ def memory_report(
             print(f"(total: global layers hold n_ctx cells, sliding-window layers window + n_ubatch={n_ubatch})")
         for n in notes:
             print(f"note: {n}")
+        if triatt is not None:
+            t = triatt
+            print(
+                f"TriAttention host memory (budget {triatt_budget}, {n_seq} sequence(s)): {t['record_bytes']} B a held "
+                f"cell x {t['cells']:,} cells = {t['records_bytes'] / 2**20:.2f} MiB (up to twice that between sweeps)"
+                f" + {t['index_bytes'] / 2**20:.2f} MiB cell index"
+            )
     return report

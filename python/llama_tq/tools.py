@@ -41,3 +41,7 @@ def llama_bench() -> None:
 
 def llama_tokenize() -> None:
     run_tool("llama-tokenize")
+
+
+def ggml_rpc_server() -> None:
+    run_tool("ggml-rpc-server")

@@ -19,7 +19,7 @@ mkdir -p "$out"
 # trim: docs, models, examples, servers and every backend but CPU/CUDA/BLAS stay behind
 excl=(./.git ./.github ./docs ./models ./media ./examples ./pocs ./benches ./app ./conversion ./scripts ./ci
       ./requirements ./tools/ui ./tools/server ./skills)
-for b in cann hip metal musa rpc sycl vulkan webgpu zdnn opencl hexagon zendnn openvino virtgpu; do
+for b in cann hip metal musa sycl vulkan webgpu zdnn opencl hexagon zendnn openvino virtgpu; do
     excl+=("./ggml/src/ggml-$b")
 done
 targs=()

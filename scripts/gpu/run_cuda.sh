@@ -32,6 +32,12 @@
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
 #   graphppl  llama-perplexity with the TQ decode kernels in real graphs (ubatches of 1, 8, 128): GPU vs CPU
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
+#   multigpu  two GPUs with TQ caches (issue 43): llama-perplexity of a head-128 synthetic model, -sm none / layer / tensor
+#          (f16, tq3; -sm row: the pinned CUDA backend has no split buffers, f16 included), llama-bench pp512 / tg128
+#          of the 8B shape at depths 0 and 32768 with each split
+#   keymean  the per-sequence key means: tq3 KLD on the GPU against the CPU's, with 1 and 4 sequences
+#   rpc    llama.cpp's RPC backend with TQ caches: a CUDA ggml-rpc-server on loopback, the client seeing no local GPU
+#          (-ngl 99 puts the layers and their KV cache on the remote device); PPL against the local GPU run
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
 set -uo pipefail
@@ -56,11 +62,12 @@ stage_build() {
     cmake -S "$W/src" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGGML_NATIVE=ON -DCMAKE_PROJECT_INCLUDE="$PWD/cmake/no_amx.cmake" \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT="$commit" ${CMAKE_EXTRA:-} > "$RES/build.log" 2>&1 ||
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=ON -DLLAMA_BUILD_COMMIT="$commit" ${CMAKE_EXTRA:-} \
+        > "$RES/build.log" 2>&1 ||
         return 1
     # shellcheck disable=SC2086  # BUILD_TARGETS: a list
     /usr/bin/time -f "build wall %e s" ninja -C "$W/build" -j"$(nproc)" \
-        ${BUILD_TARGETS:-test-backend-ops llama-bench llama-perplexity llama-completion llama-tokenize} \
+        ${BUILD_TARGETS:-test-backend-ops llama-bench llama-perplexity llama-completion llama-tokenize ggml-rpc-server} \
         >> "$RES/build.log" 2>&1
     local rc=$?
     tail -1 "$RES/build.log"
@@ -330,6 +337,85 @@ stage_ncu() {
     local rc=$?
     grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Theoretical Occupancy|Stall' \
         "$RES/ncu_tq3_decode.txt" | head -20
+    return "$rc"
+}
+
+# A head-128 synthetic model (8 layers, 32 heads on 8 KV heads, byte vocabulary: no model pieces to carry) and a
+# 16 KB slice of the text for it (its tokenizer is slow on the whole file: one token per byte).
+synth128() {
+    [ -f "$W/synth128.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/synth128.gguf" \
+        --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ctx 40960 --byte-vocab > /dev/null || return 1
+    head -c 16384 .gpu/wiki.test.raw > "$W/text16k.txt"
+}
+
+# The per-sequence key means on the GPU (one fused launch a layer) against the CPU's: KLD of tq3/tq3 against the GPU
+# f16 run, one sequence (-c 1024 -b 512) and four at once (-c 256 -b 1024: n_seq = 4, the means of four sequences
+# from one ubatch, each token centered with its own).
+stage_keymean() {
+    synth128 || return 1
+    local c b base ngl log rc=0
+    for cb in 1024:512 256:1024; do
+        c=${cb%:*} b=${cb#*:} base="$W/km_f16_$c.kld"
+        local ppl=("$bin/llama-perplexity" -m "$W/synth128.gguf" -f "$W/text16k.txt" -c "$c" -b "$b" --chunks 8 -fa on)
+        "${ppl[@]}" -ngl 99 --kl-divergence-base "$base" > "$RES/km_f16_$c.log" 2>&1 || rc=1
+        for ngl in 99 0; do
+            log="$RES/km_tq3_c${c}_ngl$ngl.log"
+            "${ppl[@]}" -ctk tq3 -ctv tq3 -ngl "$ngl" -t "$(nproc)" --kl-divergence-base "$base" --kl-divergence \
+                > "$log" 2>&1 || rc=1
+            printf 'keymean -c %-4s -b %-4s ngl %-2s %s (%s)\n' "$c" "$b" "$ngl" "$(grep -m1 'Mean    KLD' "$log")" \
+                "$(grep -m1 -o 'n_seq=[0-9]*' "$log")"
+        done
+    done
+    return "$rc"
+}
+
+# -sm none (one GPU) / layer / tensor over two GPUs, TQ caches: the same PPL, and the 8B shape's speed with each split
+stage_multigpu() {
+    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "multigpu: needs two GPUs"; return 1; }
+    synth128 || return 1
+    local kv sm log rc=0
+    for kv in f16 tq3; do
+        for sm in none layer tensor; do
+            log="$RES/mg_ppl_${kv}_$sm.log"
+            "$bin/llama-perplexity" -m "$W/synth128.gguf" -f "$W/text16k.txt" -c 1024 -b 512 --chunks 8 -fa on \
+                -ctk "$kv" -ctv "$kv" -ngl 99 -sm "$sm" > "$log" 2>&1 || rc=1
+            printf 'ppl %-4s -sm %-5s %s\n' "$kv" "$sm" "$(grep 'Final estimate' "$log")"
+        done
+    done
+    [ -f "$W/synth8b.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/synth8b.gguf" \
+        --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-vocab 32000 --n-ctx 40960 > /dev/null ||
+        return 1
+    : > "$RES/multigpu_bench.md"
+    for sm in none layer tensor; do
+        for kv in f16 tq3; do
+            "$bin/llama-bench" -m "$W/synth8b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d 0,32768 -r "${BENCH_REPS:-3}" \
+                -sm "$sm" -ctk "$kv" -ctv "$kv" -o md 2>> "$RES/multigpu_bench.err" | tee -a "$RES/multigpu_bench.md" ||
+                rc=1
+        done
+    done
+    return "$rc"
+}
+
+# A CUDA ggml-rpc-server on loopback; the client sees no local GPU, so -ngl 99 puts every layer and its KV cache on
+# the remote device. PPL against the same cache on the local GPU.
+stage_rpc() {
+    synth128 || return 1
+    local port=50052 kv log rc=0 pid
+    "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$port" -d CUDA0 > "$RES/rpc_server.log" 2>&1 &
+    pid=$!
+    sleep 3
+    for kv in f16 tq3; do
+        for where in local remote; do
+            log="$RES/rpc_ppl_${kv}_$where.log"
+            local env=() rpc=()
+            [ "$where" = remote ] && env=(CUDA_VISIBLE_DEVICES=) && rpc=(--rpc "127.0.0.1:$port")
+            env "${env[@]}" "$bin/llama-perplexity" -m "$W/synth128.gguf" -f "$W/text16k.txt" -c 1024 -b 512 \
+                --chunks 8 -fa on -ctk "$kv" -ctv "$kv" -ngl 99 "${rpc[@]}" > "$log" 2>&1 || rc=1
+            printf 'ppl %-4s %-6s %s | %s\n' "$kv" "$where" "$(grep 'Final estimate' "$log")" \
+                "$(grep -m1 -o '[A-Z0-9]*\[\?[0-9.:]*\]\? KV buffer size = *[0-9.]* MiB' "$log")"
+        done
+    done
+    kill "$pid"
     return "$rc"
 }
 

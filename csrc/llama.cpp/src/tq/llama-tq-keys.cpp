@@ -5,6 +5,7 @@
 #include "llama-graph.h"
 #include "llama-impl.h"
 #include "llama-io.h"
+#include "llama-kv-cells.h"
 #include "llama-model.h"
 #include "llama-tq-linalg.h"
 #include "llama-tq-types.h"
@@ -20,30 +21,49 @@
 
 namespace {
 
-// Keeps a graph that sets mu from being reused after mu is set, and a graph that reads mu from being reused while
-// mu is unset (the cache was emptied). set_input runs right before the graph computes.
-// A graph built while mu is unset that does not set it (a one-token first ubatch) fixes mu = 0 (marks it ready).
+// One per graph (its layers share it): each token's sequence and, in a graph that sets means, which tokens start
+// which sequence's mean. A graph that sets means is reused only for a ubatch that starts one, and the reverse.
+// set_input runs right before the graph computes; it marks the ubatch's new sequences' mu as set.
 class llm_graph_input_tq_keys : public llm_graph_input_i {
 public:
-    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool sets_mu, bool marks_ready) :
-        keys(keys), sets_mu(sets_mu), marks_ready(marks_ready) {}
+    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool sets_mu) : keys(keys), sets_mu(sets_mu) {}
+
+    void set_input(const llama_ubatch * ubatch) override { keys->fill_inputs(*ubatch, tok_seq, w, keep); }
+
+    bool can_reuse(const llm_graph_params & params) override { return sets_mu == keys->starts_mean(params.ubatch); }
+
+    const llama_tq_keys * keys;
+    const bool sets_mu;
+    ggml_tensor * tok_seq = nullptr;  // I32 [T]: each token's (first) sequence; none with one sequence
+    ggml_tensor * w = nullptr;        // F32 [T, n_seq]: 1 / (n_s + 16) where token t counts for sequence s's new mean
+    ggml_tensor * keep = nullptr;     // F32 [1, n_seq]: 1 where sequence s keeps its mu, 0 where it takes a new one
+};
+
+// The K-shift graph's input: each cell's (first) sequence, cells of every stream in order.
+class llm_graph_input_tq_shift : public llm_graph_input_i {
+public:
+    llm_graph_input_tq_shift(const std::vector<llama_kv_cells> & cells, uint32_t n_seq) : cells(cells), n_seq(n_seq) {}
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_UNUSED(ubatch);
-        if (marks_ready && !keys->is_mu_ready()) {
-            keys->set_mu_ready();
+        std::vector<int32_t> seq((size_t) ggml_nelements(cell_seq), 0);
+        size_t i = 0;
+        for (const auto & c : cells) {
+            for (uint32_t j = 0; j < c.size(); ++j, ++i) {
+                for (uint32_t s = 0; s < n_seq && !c.is_empty(j); ++s) {
+                    if (c.seq_has(j, (llama_seq_id) s)) {
+                        seq[i] = (int32_t) s;
+                        break;
+                    }
+                }
+            }
         }
+        ggml_backend_tensor_set(cell_seq, seq.data(), 0, seq.size() * sizeof(int32_t));
     }
 
-    bool can_reuse(const llm_graph_params & params) override {
-        GGML_UNUSED(params);
-        return sets_mu != keys->is_mu_ready();
-    }
-
-private:
-    const llama_tq_keys * keys;
-    bool sets_mu;
-    bool marks_ready;
+    const std::vector<llama_kv_cells> & cells;
+    const uint32_t n_seq;
+    ggml_tensor * cell_seq = nullptr;  // I32 [cells of every stream]
 };
 
 // s^4 = g_q^2 / g_k^2 per channel from the QK-norm gains, averaged over RoPE pairs, geometric mean 1, in [1/16, 16].
@@ -336,13 +356,24 @@ void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64
     }
 }
 
-void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
+void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t n_seq_max) {
     model_ = &model;
+    n_seq = std::max<uint32_t>(n_seq_max, 1);
+    mu_ready.assign(n_seq, 0);
+    if ((center || equalize) && model.split_mode() == LLAMA_SPLIT_MODE_TENSOR) {
+        // upstream's experimental tensor split shards each op over the GPUs by rules that do not cover the
+        // transforms' ops (it aborts on them); the TQ types themselves run there
+        LLAMA_LOG_WARN("%s: TQ key transforms off: -sm tensor cannot split them (as --tq-keys 0: prefer tq4 keys, "
+                       "or -sm layer)\n", __func__);
+        center = equalize = matrix = false;
+        layers.clear();
+        return;
+    }
     std::map<ggml_backend_buffer_type_t, ggml_context *> by_buft;
     for (auto & [il, L] : layers) {
         ggml_context *& ctx = by_buft[L.buft];
         if (ctx == nullptr) {
-            ggml_init_params ip = {2 * layers.size() * ggml_tensor_overhead(), nullptr, true};
+            ggml_init_params ip = {3 * layers.size() * ggml_tensor_overhead(), nullptr, true};
             ctx = ggml_init(ip);
             if (ctx == nullptr) {
                 throw std::runtime_error("failed to create the ggml context of the TQ key transforms");
@@ -351,6 +382,8 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos) {
         }
         L.t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, N_ROWS);
         ggml_format_name(L.t, "tq_keys_l%d", il);
+        L.mu = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L.n, n_seq);
+        ggml_format_name(L.mu, "tq_keys_mu_l%d", il);
         if (matrix) {
             L.m = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, head_dim, head_dim, L.n / head_dim, 3);
             ggml_format_name(L.m, "tq_keys_basis_l%d", il);
@@ -431,8 +464,81 @@ ggml_tensor * llama_tq_keys::row(ggml_context * ctx, const layer & L, row_id r) 
     return ggml_view_3d(ctx, L.t, head_dim, L.n / head_dim, 1, head_dim * f, L.n * f, r * L.n * f);
 }
 
-void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor *& q,
-                          ggml_tensor *& k, int32_t il, bool center_ok) const {
+ggml_tensor * llama_tq_keys::mu_rows(ggml_context * ctx, ggml_tensor * table, const layer & L,
+                                     ggml_tensor * seq_of_token) const {
+    const int64_t hkv = L.n / head_dim;
+    if (n_seq == 1 || seq_of_token == nullptr) {  // one sequence: its row, broadcast
+        const size_t f = sizeof(float);
+        return ggml_view_3d(ctx, table, head_dim, hkv, 1, head_dim * f, L.n * f, 0);
+    }
+    ggml_tensor * m = ggml_get_rows(ctx, table, seq_of_token);  // [n, T]
+    return ggml_reshape_3d(ctx, m, head_dim, hkv, seq_of_token->ne[0]);
+}
+
+// The sequence a token's key is centered for: its first (tokens without one only occur in reserve graphs).
+static int32_t token_seq(const llama_ubatch & ub, uint32_t t) {
+    return ub.n_seq_id != nullptr && ub.n_seq_id[t] > 0 ? ub.seq_id[t][0] : 0;
+}
+
+bool llama_tq_keys::starts_mean(const llama_ubatch & ub) const {
+    std::vector<uint32_t> n((size_t) n_seq, 0);
+    for (uint32_t t = 0; t < ub.n_tokens; ++t) {
+        const int32_t k = ub.n_seq_id != nullptr && ub.n_seq_id[t] > 0 ? ub.n_seq_id[t] : 1;
+        for (int32_t j = 0; j < k; ++j) {
+            const int32_t sq = j == 0 ? token_seq(ub, t) : ub.seq_id[t][j];
+            if (sq >= 0 && (uint32_t) sq < n_seq && !mu_ready[(size_t) sq] && ++n[(size_t) sq] >= 2) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+void llama_tq_keys::fill_inputs(const llama_ubatch & ub, ggml_tensor * tok_seq, ggml_tensor * w,
+                                ggml_tensor * keep) const {
+    const uint32_t T = ub.n_tokens;
+    std::vector<uint32_t> n((size_t) n_seq, 0);  // tokens of each sequence that has no mu yet
+    for (uint32_t t = 0; t < T; ++t) {
+        for (int32_t j = 0; j < ub.n_seq_id[t]; ++j) {
+            const int32_t sq = ub.seq_id[t][j];
+            n[(size_t) sq] += mu_ready[(size_t) sq] ? 0 : 1;
+        }
+    }
+    if (tok_seq != nullptr) {
+        std::vector<int32_t> ts(T);
+        for (uint32_t t = 0; t < T; ++t) {
+            ts[t] = token_seq(ub, t);
+        }
+        ggml_backend_tensor_set(tok_seq, ts.data(), 0, ts.size() * sizeof(int32_t));
+    }
+    if (w != nullptr) {  // mean over the sequence's tokens, shrunk towards 0: sum / (n + 16); one token: mu = 0
+        std::vector<float> wv((size_t) T * n_seq, 0.0f), kv((size_t) n_seq, 1.0f);
+        for (uint32_t t = 0; t < T; ++t) {
+            for (int32_t j = 0; j < ub.n_seq_id[t]; ++j) {
+                const int32_t sq = ub.seq_id[t][j];
+                if (n[(size_t) sq] >= 2) {
+                    wv[(size_t) sq * T + t] = 1.0f / (float) (n[(size_t) sq] + 16);
+                }
+            }
+        }
+        for (uint32_t sq = 0; sq < n_seq; ++sq) {
+            kv[sq] = n[sq] > 0 ? 0.0f : 1.0f;
+        }
+        ggml_backend_tensor_set(w, wv.data(), 0, wv.size() * sizeof(float));
+        ggml_backend_tensor_set(keep, kv.data(), 0, kv.size() * sizeof(float));
+    }
+    bool changed = false;
+    for (uint32_t sq = 0; sq < n_seq; ++sq) {
+        changed = changed || n[sq] > 0;
+        mu_ready[sq] = mu_ready[sq] || n[sq] > 0;
+    }
+    if (changed) {
+        drop_mu_host();  // the graph about to run writes the new means
+    }
+}
+
+void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_ubatch & ubatch,
+                          ggml_tensor *& q, ggml_tensor *& k, int32_t il, bool center_ok) const {
     const layer * lp = find(il);
     if (lp == nullptr) {
         return;
@@ -460,18 +566,43 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     }
     if (center && center_ok) {
         k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
-        const bool sets_mu = !mu_ready && k->ne[2] > 1; // a one-token first ubatch leaves mu = 0 (reset)
-        ggml_tensor * mu = row(ctx, L, ROW_MU);
-        if (sets_mu) {
-            // mean over the ubatch's tokens, shrunk towards 0: sum / (n + 16)
+        const int64_t T = k->ne[2];
+        llm_graph_input_tq_keys * inp = nullptr;  // the graph's, made by its first centered layer
+        for (const auto & i : res->inputs) {
+            auto * c = dynamic_cast<llm_graph_input_tq_keys *>(i.get());
+            inp = c != nullptr && c->keys == this ? c : inp;
+        }
+        if (inp == nullptr) {
+            auto made = std::make_unique<llm_graph_input_tq_keys>(this, starts_mean(ubatch));
+            if (n_seq > 1) {
+                made->tok_seq = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+                ggml_set_input(made->tok_seq);
+            }
+            if (made->sets_mu) {
+                made->w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, T, n_seq);
+                made->keep = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, n_seq);
+                ggml_set_input(made->w);
+                ggml_set_input(made->keep);
+            }
+            inp = static_cast<llm_graph_input_tq_keys *>(res->add_input(std::move(made)));
+        }
+        ggml_tensor * table = L.mu;
+        if (inp->sets_mu) {
+            // new means of the starting sequences (one mat-mul: keys [T, n] by weights [T, n_seq]), slow pairs only,
+            // the other sequences' rows kept; the SUB below reads the table through the CPY
             ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k, 1, 2, 0, 3));  // [T, D, H]
-            ggml_tensor * m = ggml_scale(ctx, ggml_sum_rows(ctx, kt), 1.0f / (float) (k->ne[2] + 16));
-            m = ggml_mul(ctx, ggml_reshape_3d(ctx, m, head_dim, hkv, 1), row(ctx, L, ROW_CENTER_MASK));  // slow pairs only
-            // the SUB reads the stored mu (one chain CONT .. CPY SUB: CUDA runs the mean's nodes as one launch)
-            mu = ggml_cpy(ctx, m, mu);
+            ggml_tensor * m = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, kt, T, L.n), inp->w);  // [n, n_seq]
+            ggml_tensor * mask = ggml_view_2d(ctx, L.t, L.n, 1, L.n * f, ROW_CENTER_MASK * L.n * f);
+            m = ggml_add(ctx, ggml_mul(ctx, m, mask), ggml_mul(ctx, L.mu, inp->keep));
+            table = ggml_cpy(ctx, m, L.mu);
+        }
+        ggml_tensor * mu = mu_rows(ctx, table, L, inp->tok_seq);
+        if (inp->tok_seq != nullptr) {
+            // the gather into the graph ahead of K's RoPE: then a one-token ubatch's RoPE, SUB [MUL] and K write
+            // stay adjacent, and CUDA still runs them as one launch (ggml-tq-cuda.cu, tq_key_transform_at)
+            ggml_build_forward_expand(gf, mu);
         }
         k = ggml_sub(ctx, k, mu);
-        res->add_input(std::make_unique<llm_graph_input_tq_keys>(this, sets_mu, !mu_ready));
     }
     if (equalize) {
         k = L.m != nullptr ? mat_mul_heads(ctx, L, MAT_A, k) : ggml_mul(ctx, k, row(ctx, L, ROW_S));
@@ -600,13 +731,80 @@ void llama_tq_keys::ensure_basis() const {
 }
 
 void llama_tq_keys::reset() {
-    mu_ready = false;
-    drop_mu_host();
-    for (auto & [il, L] : layers) { // mu = 0 until a first ubatch of more than one token sets it
-        if (L.t != nullptr) {
-            ggml_backend_tensor_memset(L.t, 0, ROW_MU * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+    for (uint32_t sq = 0; sq < n_seq && !layers.empty(); ++sq) {
+        set_seq_mu((int32_t) sq, nullptr);
+    }
+}
+
+// Sequence seq's mu in every layer: rows (one per layer, ascending il) or zero; set (rows) or not yet (zero).
+void llama_tq_keys::set_seq_mu(int32_t seq, const std::vector<std::vector<float>> * rows) const {
+    size_t i = 0;
+    for (const auto & [il, L] : layers) {
+        if (L.mu == nullptr) {
+            continue;
+        }
+        const size_t off = (size_t) seq * (size_t) L.n * sizeof(float), len = (size_t) L.n * sizeof(float);
+        if (rows != nullptr) {
+            ggml_backend_tensor_set(L.mu, (*rows)[i++].data(), off, len);
+        } else {
+            ggml_backend_tensor_memset(L.mu, 0, off, len);
         }
     }
+    mu_ready[(size_t) seq] = rows != nullptr;
+    drop_mu_host();
+}
+
+bool llama_tq_keys::seq_empty(int32_t seq, const std::vector<llama_kv_cells> & cells) const {
+    return std::all_of(cells.begin(), cells.end(), [seq](const llama_kv_cells & c) { return c.seq_pos_min(seq) < 0; });
+}
+
+void llama_tq_keys::forget_empty(const std::vector<llama_kv_cells> & cells) {
+    for (uint32_t sq = 0; sq < n_seq && center; ++sq) {
+        if (mu_ready[sq] && seq_empty((int32_t) sq, cells)) {
+            set_seq_mu((int32_t) sq, nullptr);  // zero until the sequence's next ubatch of two or more tokens
+        }
+    }
+}
+
+void llama_tq_keys::seq_cp(int32_t src, int32_t dst, const std::vector<llama_kv_cells> & cells) {
+    if (!center || src == dst || src < 0 || dst < 0 || (uint32_t) src >= n_seq || (uint32_t) dst >= n_seq) {
+        return;
+    }
+    std::vector<std::vector<float>> rows;
+    for (const auto & [il, L] : layers) {
+        rows.emplace_back((size_t) L.n);
+        ggml_backend_tensor_get(L.mu, rows.back().data(), (size_t) src * L.n * sizeof(float), L.n * sizeof(float));
+    }
+    if (seq_empty(dst, cells)) {
+        set_seq_mu(dst, mu_ready[(size_t) src] ? &rows : nullptr);
+        return;
+    }
+    size_t i = 0;
+    for (const auto & [il, L] : layers) {  // both hold keys: the copied cells keep the source's centering
+        std::vector<float> d((size_t) L.n);
+        ggml_backend_tensor_get(L.mu, d.data(), (size_t) dst * L.n * sizeof(float), L.n * sizeof(float));
+        if (std::memcmp(d.data(), rows[i++].data(), d.size() * sizeof(float)) != 0) {
+            LLAMA_LOG_WARN("%s: sequence %d holds keys centered on another key mean than sequence %d's: attention "
+                           "over the copied cells is not exact (copy into an empty sequence)\n", __func__, dst, src);
+            break;
+        }
+    }
+}
+
+void llama_tq_keys::shift_input(ggml_context * ctx, llm_graph_result * res, const std::vector<llama_kv_cells> & cells) const {
+    shift_seq = nullptr;
+    if (!center || n_seq == 1 || layers.empty()) {
+        return;  // one sequence: every cell has its mu
+    }
+    int64_t n_cells = 0;
+    for (const auto & c : cells) {
+        n_cells += c.size();
+    }
+    auto inp = std::make_unique<llm_graph_input_tq_shift>(cells, n_seq);
+    inp->cell_seq = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_cells);
+    ggml_set_input(inp->cell_seq);
+    shift_seq = inp->cell_seq;
+    res->add_input(std::move(inp));
 }
 
 ggml_tensor * llama_tq_keys::to_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
@@ -615,14 +813,14 @@ ggml_tensor * llama_tq_keys::to_true(ggml_context * ctx, ggml_tensor * cur, int3
     if (L != nullptr && equalize) {
         cur = L->m != nullptr ? mat_mul_heads(ctx, *L, MAT_INV, cur) : ggml_mul(ctx, cur, row(ctx, *L, ROW_INV_S));
     }
-    return L != nullptr && center ? ggml_add(ctx, cur, row(ctx, *L, ROW_MU)) : cur;
+    return L != nullptr && center ? ggml_add(ctx, cur, mu_rows(ctx, L->mu, *L, shift_seq)) : cur;
 }
 
 ggml_tensor * llama_tq_keys::from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const {
     ensure_basis();
     const layer * L = find(il);
     if (L != nullptr && center) {
-        cur = ggml_sub(ctx, cur, row(ctx, *L, ROW_MU));
+        cur = ggml_sub(ctx, cur, mu_rows(ctx, L->mu, *L, shift_seq));
     }
     if (L != nullptr && equalize) {
         cur = L->m != nullptr ? mat_mul_heads(ctx, *L, MAT_A, cur) : ggml_mul(ctx, cur, row(ctx, *L, ROW_S));
@@ -630,29 +828,30 @@ ggml_tensor * llama_tq_keys::from_true(ggml_context * ctx, ggml_tensor * cur, in
     return cur;
 }
 
-void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
+void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, float * rows, int64_t n_rows) const {
     ensure_basis();
     const layer * lp = find(il);
     if (lp == nullptr) {
         return;
     }
     const layer & L = *lp;
-    std::vector<float> mu((size_t) L.n, 0.0f);
+    const std::vector<float> zero((size_t) L.n, 0.0f);
+    std::shared_ptr<const std::vector<float>> table;  // this layer's means, all sequences (kept alive if dropped)
     if (center) {
         std::lock_guard<std::mutex> lock(mu_host_mutex);
-        const auto it = mu_host.find(il);
-        if (it != mu_host.end()) {
-            mu = it->second;
-        } else {
-            ggml_backend_tensor_get(L.t, mu.data(), 0, mu.size() * sizeof(float));
-            if (mu_ready) {
-                mu_host.emplace(il, mu);
-            }
+        auto & t = mu_host[il];
+        if (t == nullptr) {
+            auto v = std::make_shared<std::vector<float>>((size_t) L.n * n_seq);
+            ggml_backend_tensor_get(L.mu, v->data(), 0, v->size() * sizeof(float));
+            t = std::move(v);
         }
+        table = t;
     }
     std::vector<float> y((size_t) head_dim);
     for (int64_t r = 0; r < n_rows; ++r) {
         float * x = rows + r * L.n;
+        const bool known = table != nullptr && seq[r] >= 0 && (uint32_t) seq[r] < n_seq;
+        const float * mu = known ? table->data() + (size_t) seq[r] * L.n : zero.data();
         if (L.m != nullptr && equalize) {
             for (int64_t h = 0; h < L.n / head_dim; ++h) {  // x_h = A_h^-1 x_h
                 const float * inv = &L.a_inv[(size_t) (h * head_dim * head_dim)];
@@ -677,34 +876,49 @@ void llama_tq_keys::true_keys(int32_t il, float * rows, int64_t n_rows) const {
     }
 }
 
-// Layout: uint32 magic, uint32 flags (1 centering, 2 equalization, 4 mu set), then per layer (ascending il) n floats
-// of mu. The magic makes a state saved without the transforms fail to load instead of being misread.
-static const uint32_t TQ_KEYS_MAGIC = 0x314b5154;  // "TQK1"
+// Layout: uint32 magic, uint32 flags (1 centering, 2 equalization, 8 matrix), [uint32 basis span with a matrix],
+// uint32 n_rows (1: one sequence's, else every sequence's), then per row uint32 set (0/1) and per layer (ascending
+// il) n floats of mu. The magic makes a state saved without the transforms (or by the build before per-sequence
+// means, "TQK1") fail to load instead of being misread.
+static const uint32_t TQ_KEYS_MAGIC = 0x324b5154;  // "TQK2"
 
-void llama_tq_keys::state_write(llama_io_write_i & io) const {
+void llama_tq_keys::state_write(llama_io_write_i & io, int32_t seq) const {
+    if (!enabled()) {
+        return;
+    }
     io.write(&TQ_KEYS_MAGIC, sizeof(TQ_KEYS_MAGIC));
-    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (mu_ready ? 4u : 0u) | (matrix ? 8u : 0u);
+    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u);
     io.write(&flags, sizeof(flags));
     if (matrix) {
         ensure_basis();
         io.write(&basis_span, sizeof(basis_span));  // the basis follows from the model and this span
     }
-    for (const auto & [il, L] : layers) {
-        io.write_tensor(L.t, 0, (size_t) L.n * sizeof(float));
+    const uint32_t n_rows = seq >= 0 ? 1 : n_seq;
+    io.write(&n_rows, sizeof(n_rows));
+    for (uint32_t r = 0; r < n_rows; ++r) {
+        const uint32_t sq = seq >= 0 ? (uint32_t) seq : r;
+        const uint32_t set = mu_ready[sq];
+        io.write(&set, sizeof(set));
+        for (const auto & [il, L] : layers) {
+            io.write_tensor(L.mu, (size_t) sq * L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        }
     }
 }
 
-bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) {
+bool llama_tq_keys::state_read(llama_io_read_i & io, int32_t seq, const std::vector<llama_kv_cells> & cells) {
+    if (!enabled()) {
+        return true;
+    }
     uint32_t magic = 0;
     uint32_t flags = 0;
     io.read(&magic, sizeof(magic));
     if (magic != TQ_KEYS_MAGIC) {
         LLAMA_LOG_ERROR("%s: the state has no TQ key transform section (saved with --tq-keys 0 or by another "
-                        "build); restore it with the same setting\n", __func__);
+                        "build); restore it with the same setting and build\n", __func__);
         return false;
     }
     io.read(&flags, sizeof(flags));
-    if ((flags & 11u) != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u))) {
+    if (flags != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u))) {
         LLAMA_LOG_ERROR("%s: the state was saved with other TQ key transforms (flags %u; this cache: centering %d, "
                         "equalization %d, matrix %d; see --tq-keys)\n", __func__, flags, center, equalize, matrix);
         return false;
@@ -716,41 +930,47 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, bool cache_has_other_keys) 
             LLAMA_LOG_ERROR("%s: the state's TQ key basis span (%u) is corrupt\n", __func__, span);
             return false;
         }
-        if (span != basis_span && cache_has_other_keys) {
+        bool others = false;  // keys of sequences this restore leaves in place, stored in the current basis
+        for (uint32_t sq = 0; sq < n_seq && seq >= 0; ++sq) {
+            others = others || ((int32_t) sq != seq && !seq_empty((int32_t) sq, cells));
+        }
+        if (span != basis_span && others) {
             LLAMA_LOG_ERROR("%s: the state's keys use the TQ key basis of a %u-position context, this cache holds "
                             "other keys in the basis of %u positions; restore into an emptied cache\n", __func__, span,
                             basis_span);
             return false;
         }
     }
-    std::vector<std::vector<float>> mus;
-    bool differs = false;
-    for (const auto & [il, L] : layers) {
-        std::vector<float> mu((size_t) L.n), cur((size_t) L.n);
-        io.read(mu.data(), mu.size() * sizeof(float));
-        // a key mean is a mean of keys: not NaN / Inf, nor beyond any key's magnitude (a corrupt or crafted file)
-        if (std::any_of(mu.begin(), mu.end(), [](float v) { return !std::isfinite(v) || std::fabs(v) > 1e6f; })) {
-            LLAMA_LOG_ERROR("%s: the state's key mean of layer %d is not finite or out of range: refused\n", __func__,
-                            il);
-            return false;
-        }
-        ggml_backend_tensor_get(L.t, cur.data(), 0, cur.size() * sizeof(float));
-        differs = differs || std::memcmp(mu.data(), cur.data(), mu.size() * sizeof(float)) != 0;
-        mus.push_back(std::move(mu));
-    }
-    if (differs && mu_ready && cache_has_other_keys) {
-        LLAMA_LOG_ERROR("%s: this cache holds other sequences' keys centered on a different key mean than the saved "
-                        "ones; restore into an emptied cache (or use --tq-keys eq, which stores no mean)\n", __func__);
+    uint32_t n_rows = 0;
+    io.read(&n_rows, sizeof(n_rows));
+    if (seq >= 0 ? n_rows != 1 : (n_rows == 0 || n_rows > n_seq)) {
+        LLAMA_LOG_ERROR("%s: the state holds %u key means; this restore takes %s\n", __func__, n_rows,
+                        seq >= 0 ? "one (a sequence's state)" : "one per sequence of this context, or fewer");
         return false;
+    }
+    std::vector<std::pair<uint32_t, std::vector<std::vector<float>>>> got;
+    for (uint32_t r = 0; r < n_rows; ++r) {
+        uint32_t set = 0;
+        io.read(&set, sizeof(set));
+        std::vector<std::vector<float>> rows;
+        for (const auto & [il, L] : layers) {
+            std::vector<float> mu((size_t) L.n);
+            io.read(mu.data(), mu.size() * sizeof(float));
+            // a key mean is a mean of keys: not NaN / Inf, nor beyond any key's magnitude (a corrupt or crafted file)
+            if (set > 1 || std::any_of(mu.begin(), mu.end(), [](float v) { return !std::isfinite(v) || std::fabs(v) > 1e6f; })) {
+                LLAMA_LOG_ERROR("%s: the state's key mean of layer %d is not finite or out of range: refused\n",
+                                __func__, il);
+                return false;
+            }
+            rows.push_back(std::move(mu));
+        }
+        got.emplace_back(set, std::move(rows));
     }
     if (matrix && span != basis_span && model_ != nullptr) {
         compute_basis(*model_, span);  // the saved keys were stored in the basis of the saving context's span
     }
-    size_t i = 0;
-    for (const auto & [il, L] : layers) {
-        ggml_backend_tensor_set(L.t, mus[i++].data(), 0, (size_t) L.n * sizeof(float));
+    for (uint32_t r = 0; r < n_rows; ++r) {
+        set_seq_mu(seq >= 0 ? seq : (int32_t) r, got[r].first != 0 ? &got[r].second : nullptr);
     }
-    drop_mu_host();
-    mu_ready = mu_ready || (flags & 4u) != 0;
     return true;
 }

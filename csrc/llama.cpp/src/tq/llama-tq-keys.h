@@ -11,12 +11,15 @@
 //      QK-norm: Gemma 3, Qwen3, ...), averaged over each RoPE pair so that it commutes with RoPE (a K-shift
 //      rotates stored keys), geometric mean 1, clipped to [1/16, 16]. Deterministic: nothing to store.
 //      Models without per-head QK-norm get s = 1 (centering only).
-//   mu from the first ubatch written into an empty cache, shrunk towards 0 as sum / (n + 16) so that a short first
-//      ubatch cannot make keys larger, on the RoPE pairs that turn by at most 1 rad over the context this cache
-//      serves (n_ctx, not the trained context: a post-RoPE mean of faster pairs would not stay aligned with later
-//      keys); fixed until the cache is empty again. It is part of the saved state. A first ubatch of one token
-//      (decoding from an empty cache) sets mu = 0 instead (its mean would be 1/17 of one key): so the first step's
-//      graph is the later steps' graph, and a CUDA graph is not re-captured after every cache clear.
+//   mu per sequence, from that sequence's first ubatch (its own tokens in it), shrunk towards 0 as sum / (n + 16) so
+//      that a short first ubatch cannot make keys larger, on the RoPE pairs that turn by at most 1 rad over the
+//      context this cache serves (n_ctx, not the trained context: a post-RoPE mean of faster pairs would not stay
+//      aligned with later keys); fixed until the sequence has no cells again. Per sequence, so that no output depends
+//      on another sequence's tokens (issue 43: a mean shared by the cache made one request's answer depend on the
+//      requests before it). seq_cp gives an empty destination the source's mean; the saved state carries it. A first
+//      ubatch of one token (decoding from scratch) sets mu = 0 instead (its mean would be 1/17 of one key): so the
+//      first step's graph is the later steps' graph, and a CUDA graph is not re-captured after every cache clear.
+//      A cell shared by several sequences was centered on the mean of the first sequence of the token that wrote it.
 // Where centering is not exact, it is off: attention sinks (a logit that does not move with q.mu) and logit
 // soft-capping (tanh is not shift-invariant). Equalization stays exact there.
 //
@@ -36,12 +39,15 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 struct llama_model;
 struct llama_hparams;
 class llm_graph_result;
+class llama_kv_cells;
+struct llama_ubatch;
 class llama_io_write_i;
 class llama_io_read_i;
 
@@ -52,8 +58,9 @@ public:
     // For each layer the cache creates (buft: where that layer's K lives).
     void add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa);
     // After the layers: allocates mu/s on their devices and uploads s; n_pos: the positions this cache can hold
-    // (its size; 0: not known yet, the trained context until set_center_span says otherwise).
-    void allocate(const llama_model & model, uint32_t n_pos);
+    // (its size; 0: not known yet, the trained context until set_center_span says otherwise); n_seq: the sequences
+    // it holds (one mean each).
+    void allocate(const llama_model & model, uint32_t n_pos, uint32_t n_seq);
     // Which channels the next mu centers: the RoPE pairs that turn by at most 1 rad over n_pos positions. An SWA
     // cache holds fewer cells than the positions it sees: its owner passes the full context.
     void set_center_span(const llama_model & model, uint32_t n_pos);
@@ -64,31 +71,36 @@ public:
     bool equalizes() const { return equalize; }
     bool uses_matrix() const { return matrix; }
 
-    // The cache became empty: the next ubatch sets a new mu (zero until then).
+    // The cache became empty: every sequence's next ubatch sets a new mu (zero until then).
     void reset();
+    // After cells were removed (seq_rm, seq_keep): a sequence left without cells takes a new mu. cells: per stream.
+    void forget_empty(const std::vector<llama_kv_cells> & cells);
+    // Before seq_cp: an empty destination takes the source's mu (the copied cells were centered on it).
+    void seq_cp(int32_t src, int32_t dst, const std::vector<llama_kv_cells> & cells);
 
-    // Graph: q' = q / s, k' = (k - mu) * s for layer il (before upstream's rotation). center = false where a shift of
-    // the logits is not exact (sinks, soft-capping). Adds a graph input that keeps a graph that sets mu from being
-    // reused once mu is set (and the reverse).
-    void apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor *& q, ggml_tensor *& k,
-               int32_t il, bool center) const;
-    // K-shift graph: stored keys of layer il back to true keys (x / s + mu) and forward again; cur is [n, H, cells].
+    // Graph: q' = q / s, k' = (k - mu[seq]) * s for layer il (before upstream's rotation), each token with its
+    // sequence's mu. center = false where a shift of the logits is not exact (sinks, soft-capping). The graph input
+    // (one per graph) gives each token its sequence and, in a graph that sets means, which sequences start.
+    void apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_ubatch & ubatch,
+               ggml_tensor *& q, ggml_tensor *& k, int32_t il, bool center) const;
+    // K-shift graph: shift_input first (each cell's sequence, for its mu), then per layer stored keys back to true
+    // keys (x / s + mu) and forward again; cur is [n, H, cells of every stream].
+    void shift_input(ggml_context * ctx, llm_graph_result * res, const std::vector<llama_kv_cells> & cells) const;
     ggml_tensor * to_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const;
     ggml_tensor * from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const;
 
-    // Host: rows of stored keys (n_embd_k_gqa floats each, upstream's rotation already undone) back to true keys
-    // (TriAttention scores true keys).
-    void true_keys(int32_t il, float * rows, int64_t n_rows) const;
+    // Host: rows of stored keys (n_embd_k_gqa floats each, upstream's rotation already undone) back to true keys,
+    // row r with sequence seq[r]'s mean (its cell's first sequence) (TriAttention scores true keys).
+    void true_keys(int32_t il, const int32_t * seq, float * rows, int64_t n_rows) const;
 
-    // State: written after the keys; a restore into a cache that holds other keys centered on a different mu fails.
-    void state_write(llama_io_write_i & io) const;
-    bool state_read(llama_io_read_i & io, bool cache_has_other_keys);
+    // State: after a stream's cells; seq -1: every sequence's mu, else that sequence's (restored into seq). cells:
+    // per stream (a restore in another key basis is refused where other sequences hold keys).
+    void state_write(llama_io_write_i & io, int32_t seq) const;
+    bool state_read(llama_io_read_i & io, int32_t seq, const std::vector<llama_kv_cells> & cells);
 
-    void set_mu_ready() const {
-        mu_ready = true;
-        drop_mu_host();  // the graph being computed writes the new mu
-    }
-    bool is_mu_ready() const { return mu_ready; }
+    // for the graph input: which of the ubatch's sequences take their mu from it (not set yet, >= 2 tokens in it)
+    bool starts_mean(const llama_ubatch & ubatch) const;
+    void fill_inputs(const llama_ubatch & ubatch, ggml_tensor * tok_seq, ggml_tensor * w, ggml_tensor * keep) const;
 
 private:
     struct layer {
@@ -96,6 +108,7 @@ private:
         int64_t n;                         // n_embd_k_gqa
         ggml_backend_buffer_type_t buft;
         ggml_tensor * t = nullptr;         // F32 [n, N_ROWS]: the rows of row_id
+        ggml_tensor * mu = nullptr;        // F32 [n, n_seq]: each sequence's mean
         std::vector<float> s;              // host copy of s
         ggml_tensor * m = nullptr;         // key basis: F32 [D, D, n_head_kv, 3]: A, A^-T, A^-1 (row-major), or null
         mutable std::vector<float> a_inv;  // host copy of A^-1 per KV head (true_keys)
@@ -106,9 +119,13 @@ private:
     ggml_tensor * mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const;
     void compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset = false) const;
     void ensure_basis() const;
-    enum row_id { ROW_MU, ROW_S, ROW_INV_S, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
+    enum row_id { ROW_S, ROW_INV_S, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
     const layer * find(int32_t il) const;  // nullptr where layer il has no transforms
     ggml_tensor * row(ggml_context * ctx, const layer & L, row_id r) const;
+    // mu per token of cur [D, H, T]: one row broadcast with one sequence, else the rows of seq_of_token [T]
+    ggml_tensor * mu_rows(ggml_context * ctx, ggml_tensor * table, const layer & L, ggml_tensor * seq_of_token) const;
+    void set_seq_mu(int32_t seq, const std::vector<std::vector<float>> * rows) const;  // nullptr: zero
+    bool seq_empty(int32_t seq, const std::vector<llama_kv_cells> & cells) const;
 
     bool center = false;
     bool equalize = false;
@@ -122,11 +139,13 @@ private:
     std::map<int32_t, layer> layers;
     std::vector<ggml_context *> ctxs;
     std::vector<ggml_backend_buffer_t> bufs;
-    mutable bool mu_ready = false;
-    // host copies of mu for true_keys, filled on first use once mu is set: TriAttention's folds call it per chunk of
-    // keys from several threads, and a device read each time is a synchronous copy (~4 ms a round on a GPU)
+    uint32_t n_seq = 1;
+    mutable std::vector<uint8_t> mu_ready;  // per sequence: its mu is set (graph inputs set it, hence mutable)
+    mutable ggml_tensor * shift_seq = nullptr;  // the K-shift graph's cell -> sequence input (while it is built)
+    // host copies of each layer's mu table for true_keys, filled on first use: TriAttention's folds call it per chunk
+    // of keys from several threads, and a device read each time is a synchronous copy (~4 ms a round on a GPU)
     mutable std::mutex mu_host_mutex;
-    mutable std::map<int32_t, std::vector<float>> mu_host;
+    mutable std::map<int32_t, std::shared_ptr<const std::vector<float>>> mu_host;  // per layer: [n_seq][n]
     void drop_mu_host() const {
         std::lock_guard<std::mutex> lock(mu_host_mutex);
         mu_host.clear();

@@ -28,7 +28,10 @@ bool llama_tq_rows_ok(const ggml_tensor * t, size_t offset, size_t size) {
     return true;
 }
 
-size_t llama_tq_state_seq_load(llama_context * ctx, llama_seq_id seq, const std::function<size_t()> & load) {
+size_t llama_tq_state_seq_load(llama_context * ctx, llama_seq_id seq, bool restores, const std::function<size_t()> & load) {
+    if (!restores) {
+        return load();
+    }
     std::vector<uint8_t> before(llama_state_seq_get_size(ctx, seq));
     before.resize(llama_state_seq_get_data(ctx, before.data(), before.size(), seq));
     size_t n = 0;

@@ -13,5 +13,6 @@ bool llama_tq_rows_ok(const ggml_tensor * t, size_t offset, size_t size);
 
 // Runs load() (a sequence-state restore into seq) so that a refused or failed restore leaves the sequence exactly as
 // it was: its state is copied first and put back when load() returns 0 or throws. Returns what load() returned (0 on
-// an exception, after logging it).
-size_t llama_tq_state_seq_load(llama_context * ctx, llama_seq_id seq, const std::function<size_t()> & load);
+// an exception, after logging it). restores = false: load() only reads the file's token count (llama-server asks for
+// it first), nothing to copy.
+size_t llama_tq_state_seq_load(llama_context * ctx, llama_seq_id seq, bool restores, const std::function<size_t()> & load);

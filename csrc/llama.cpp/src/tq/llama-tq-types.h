@@ -44,7 +44,9 @@ inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model,
         if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
             continue;
         }
-        const char * reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+        // (a device of -sm tensor's meta backend belongs to no registry: its own name, which has no TQ_FA_HEADS row)
+        ggml_backend_reg_t r = ggml_backend_dev_backend_reg(dev);
+        const char * reg = r != nullptr ? ggml_backend_reg_name(r) : ggml_backend_dev_name(dev);
         const std::string name = reg != nullptr ? reg : "?";
         if (std::find(gpus.begin(), gpus.end(), name) == gpus.end()) {
             gpus.push_back(name);

@@ -356,7 +356,7 @@ void llama_triatt::after_ubatch() {
 
 void llama_triatt::forget_keys() {
     for (auto & fk : folded) {
-        std::fill(fk.pos.begin(), fk.pos.end(), INT32_MIN);
+        fk = folded_keys();  // the records' memory too (records() sizes them again)
     }
     for (const auto & g : pending) {
         await(g, true);  // set 1's slabs may still be written to
@@ -450,10 +450,51 @@ llama_triatt::folded_keys & llama_triatt::records(uint32_t stream, const llama_k
     }
     folded_keys & fk = folded[stream];
     if (fk.pos.size() != kc.size()) {
+        fk = folded_keys();
         fk.pos.assign(kc.size(), INT32_MIN);
-        fk.rec.assign(kc.size() * rec_floats, 0.0f);
+        fk.slot.assign(kc.size(), folded_keys::NO_SLOT);
     }
     return fk;
+}
+
+void llama_triatt::give_slot(folded_keys & fk, uint32_t cell) {
+    fk.pos[cell] = INT32_MIN;
+    if (fk.slot[cell] != folded_keys::NO_SLOT) {
+        fk.free.push_back(fk.slot[cell]);
+        fk.slot[cell] = folded_keys::NO_SLOT;
+    }
+}
+
+void llama_triatt::take_slots(folded_keys & fk, const llama_kv_cells & kc, const std::vector<uint32_t> & cells) {
+    size_t need = 0;
+    for (uint32_t c : cells) {
+        need += fk.slot[c] == folded_keys::NO_SLOT ? 1 : 0;
+    }
+    const size_t n_slots = fk.rec.size() / rec_floats;
+    if (need > fk.free.size() && n_slots + need - fk.free.size() > fk.sweep_at) {
+        // the records of cells emptied or rewritten since they were folded (seq_rm, a new ubatch) are stale
+        for (uint32_t c = 0; c < (uint32_t) fk.slot.size(); ++c) {
+            if (fk.slot[c] != folded_keys::NO_SLOT && (kc.is_empty(c) || kc.pos_get(c) != fk.pos[c])) {
+                give_slot(fk, c);
+            }
+        }
+        need = 0;
+        for (uint32_t c : cells) {
+            need += fk.slot[c] == folded_keys::NO_SLOT ? 1 : 0;
+        }
+        fk.sweep_at = std::max<size_t>(256, 2 * (n_slots - fk.free.size() + need));
+    }
+    for (uint32_t c : cells) {
+        if (fk.slot[c] != folded_keys::NO_SLOT) {
+            continue;
+        }
+        if (fk.free.empty()) {
+            fk.free.push_back((uint32_t) (fk.rec.size() / rec_floats));
+            fk.rec.resize(fk.rec.size() + rec_floats);
+        }
+        fk.slot[c] = fk.free.back();
+        fk.free.pop_back();
+    }
 }
 
 void llama_triatt::gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t set, gathered & g) {
@@ -560,6 +601,11 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     if (todo.empty()) {
         return;
     }
+    std::vector<uint32_t> todo_cells(todo.size());
+    for (size_t t = 0; t < todo.size(); ++t) {
+        todo_cells[t] = g.cells[todo[t]];
+    }
+    take_slots(fk, kc, todo_cells);  // before the threads: the records may move
     folded_total += (int64_t) todo.size();
     const int64_t rot_block = kv->get_attn_rot_k_block();  // upstream's K rotation in use (0 = none)
     // cells todo[r0, r1) on one thread: decode, undo upstream's rotation and the key transforms, fold every layer's
@@ -567,12 +613,17 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     // 16 cells, all layers before the next chunk, so a chunk's records (~4 KB a cell at 8 layers) and keys stay cached.
     auto fold_range = [&](size_t r0, size_t r1) {
         std::vector<float> cacc, keys;  // per chunk, reused across the thread's chunks
+        std::vector<int32_t> seqs;      // each cell's first sequence: whose key mean its key was centered on
         for (size_t t0 = r0; t0 < r1; t0 += 16) {
             const size_t t1 = std::min(r1, t0 + 16);
             const size_t m = t1 - t0;
             cacc.assign(m * c_pairs, 0.0f);
+            seqs.assign(m, -1);
             for (size_t t = t0; t < t1; ++t) {
-                std::fill_n(fk.rec.data() + (size_t) g.cells[todo[t]] * rec_floats, rec_floats, 0.0f);
+                std::fill_n(record(fk, g.cells[todo[t]]), rec_floats, 0.0f);
+                for (uint32_t s = 0; s < n_seq_max && seqs[t - t0] < 0; ++s) {
+                    seqs[t - t0] = kc.seq_has(g.cells[todo[t]], (llama_seq_id) s) ? (int32_t) s : -1;
+                }
             }
             for (const auto & L : g.lr) {
                 keys.resize(m * L.n_embd);
@@ -594,10 +645,10 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
                     }
                 }
                 // scores are computed on the true keys
-                kv->get_tq_keys().true_keys(L.ls->il, keys.data(), (int64_t) m);
+                kv->get_tq_keys().true_keys(L.ls->il, seqs.data(), keys.data(), (int64_t) m);
                 const size_t np = (size_t) L.ls->head_dim / 2;
                 for (size_t c = 0; c < m; ++c) {
-                    float * z = fk.rec.data() + (size_t) g.cells[todo[t0 + c]] * rec_floats + L.ls->z_off;
+                    float * z = record(fk, g.cells[todo[t0 + c]]) + L.ls->z_off;
                     for (int32_t hk = 0; hk < L.ls->n_head_kv; ++hk) {
                         triatt_fold_key(&L.ls->rope, &L.ls->w_re[hk * np], &L.ls->w_im[hk * np], &L.ls->b[hk * np],
                                         keys.data() + c * L.n_embd + (size_t) hk * L.ls->head_dim, z, z + np,
@@ -611,7 +662,7 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
                     cs += cacc[(t - t0) * c_pairs + f];
                 }
                 const uint32_t cell = g.cells[todo[t]];
-                fk.rec[(size_t) cell * rec_floats + rec_floats - 1] = (float) cs;
+                record(fk, cell)[rec_floats - 1] = (float) cs;
                 fk.pos[cell] = g.pos[todo[t]];
             }
         }
@@ -706,7 +757,7 @@ void llama_triatt::evict_seq(int32_t seq) {
                 score[c] = -INFINITY;  // kept this round whatever it scores
                 continue;
             }
-            const float * r = fk.rec.data() + (size_t) idx[c] * rec_floats;
+            const float * r = record(fk, idx[c]);
             double sc = r[rec_floats - 1];
             for (size_t g = 0; g < group_rope.size(); ++g) {
                 const int32_t np = group_rope[g]->head_dim / 2;
@@ -733,6 +784,14 @@ void llama_triatt::evict_seq(int32_t seq) {
         }
     }
     kv->seq_rm_cells(seq, gone);
+    if (kv->get_stream(seq) < folded.size()) {
+        folded_keys & fk = folded[kv->get_stream(seq)];
+        for (uint32_t c : gone) {
+            if (c < fk.slot.size()) {
+                give_slot(fk, c);
+            }
+        }
+    }
     const int32_t n_ev = (int32_t) gone.size();
     ++rounds;
     evicted += n_ev;
@@ -791,6 +850,14 @@ int32_t llama_triatt_configure(llama_context * ctx, const llama_triatt_params * 
                        "pool %d\n", triatt_policy_name(cfg.hybrid), cfg.budget, cfg.prefix, cfg.window, cfg.segments,
                        cfg.divide, cfg.warmup, cfg.pool);
         const uint32_t n_ctx_seq = ctx->get_cparams().n_ctx_seq;
+        // the host memory of the folded keys: a record per cell that holds a key, the cells a sequence holds at most
+        // before a round (budget + divide + a ubatch), twice that between sweeps; 8 B a cell of the cache beside
+        const uint64_t held = std::min<uint64_t>(n_ctx_seq, (uint64_t) cfg.budget + cfg.divide + ctx->get_cparams().n_ubatch);
+        LLAMA_LOG_INFO("triatt: folded keys on the host: %zu B a cell that holds a key, at most %u x %llu cells: "
+                       "%.1f MiB (up to twice that between sweeps) + %.1f MiB of cell index\n", t->record_bytes(),
+                       ctx->n_seq_max(), (unsigned long long) held,
+                       (double) (t->record_bytes() * held * ctx->n_seq_max()) / (1 << 20),
+                       8.0 * ctx->get_cparams().n_ctx / (1 << 20));
         if ((uint64_t) cfg.budget + (uint64_t) cfg.divide >= n_ctx_seq) {
             // a round starts above budget + divide cells of a sequence, which a sequence of this context never holds
             LLAMA_LOG_WARN("triatt: a sequence holds at most %u cells, never more than budget + divide = %lld: "

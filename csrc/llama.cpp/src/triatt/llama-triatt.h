@@ -60,6 +60,7 @@ public:
     int32_t n_rounds() const { return rounds; }
     int64_t n_evicted() const { return evicted; }
     int64_t n_folded() const { return folded_total; }
+    size_t record_bytes() const { return rec_floats * sizeof(float); }  // a folded key's record (plus 8 B a cell)
 
 private:
     struct layer_stats {
@@ -80,9 +81,17 @@ private:
     // each), then the constant c. Kept per stream and cell with the position the key had; a round folds only the
     // cells whose record is missing or stale (written by a ubatch since, moved, or forgotten), so a key is read from
     // the cache, decoded and folded once, not once per round.
+    // Records live in slots, not one per cell (issue 43: a 1M-cell context with budget 300 took 1 GB at its first
+    // round): a slot is taken when a cell is folded, given back when the cell is evicted or forgotten, and the slots
+    // of cells that changed otherwise (seq_rm, overwritten) are swept before the slots grow past twice the live ones.
+    // So the records follow the cells that hold keys (after a round: budget + divide + a ubatch per sequence).
     struct folded_keys {
-        std::vector<float> rec;     // [cell][rec_floats]
-        std::vector<int32_t> pos;   // the position the record was folded at; INT32_MIN = none
+        static constexpr uint32_t NO_SLOT = UINT32_MAX;
+        std::vector<int32_t> pos;    // per cell: the position its record was folded at; INT32_MIN = none
+        std::vector<uint32_t> slot;  // per cell: its record's slot; NO_SLOT = none
+        std::vector<float> rec;      // [slot][rec_floats]
+        std::vector<uint32_t> free;  // slots no cell holds
+        size_t sweep_at = 256;       // slots at which a growth first sweeps
     };
 
     llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv, uint32_t n_seq_max,
@@ -121,6 +130,10 @@ private:
     void await(const gathered & g, bool by_event);  // the copies of g are done (by_event: set 1's events)
     void fold(const gathered & g, const llama_kv_cells & kc);
     folded_keys & records(uint32_t stream, const llama_kv_cells & kc);
+    // slots for these cells (those without one), after a sweep where the slots would grow past sweep_at
+    void take_slots(folded_keys & fk, const llama_kv_cells & kc, const std::vector<uint32_t> & cells);
+    void give_slot(folded_keys & fk, uint32_t cell);  // the cell's record is gone (evicted, forgotten, stale)
+    float * record(folded_keys & fk, uint32_t cell) const { return fk.rec.data() + (size_t) fk.slot[cell] * rec_floats; }
     void fold_pending();  // the previous ubatch's keys (set 1), if any
 
     const llama_model & model;

@@ -602,22 +602,25 @@ static bool tq_rope_foldable(const ggml_tensor * rope, tq_rope_fold & r) {
     return true;
 }
 
-// The key mean of a first ubatch (llama-tq-keys.cpp): mu = sum_t x[:, t] * scale * mask over x [DH, T] (the keys
-// after RoPE), which the graph spells CONT(PERMUTE) SUM_ROWS SCALE MUL CPY: four launches and a transposed copy of
-// the ubatch's keys (~16 µs a layer of a 512-token ubatch on an H100). One launch instead: 32 columns per CTA, a
-// column's tokens in 32 slices (threads y, all loads of a slice in flight) summed in double, then the 32 partial
-// sums of a column added by one warp in a fixed butterfly order (deterministic run to run; the CPU sums in
-// sequence, so the two may differ in the last bit of mu).
+// The key means of the sequences a ubatch starts (llama-tq-keys.cpp): for each sequence s,
+// mu[:, s] = (sum_t x[:, t] w[t, s]) * mask + mu[:, s] keep[s] over the keys x [DH, T] after RoPE (w: 1 / (n_s + 16)
+// on s's tokens, keep: 0 where s starts), which the graph spells CONT(PERMUTE) MUL_MAT MUL MUL ADD CPY: a transposed
+// copy of the ubatch's keys, a GEMM and four small launches a layer. One launch instead: 32 columns per CTA and one
+// sequence per grid row, a column's tokens in 32 slices (threads y, all loads of a slice in flight) summed in double,
+// then the 32 partial sums added by one warp in a fixed butterfly order: deterministic, and a sequence's mean does
+// not depend on how many sequences the context has (the CPU sums in float, so the two may differ in the last bits).
 static __global__ void __launch_bounds__(1024) k_tq_key_mean(const float * __restrict__ x, int64_t dh, int64_t T,
-                                                             float scale, const float * __restrict__ mask,
-                                                             float * m, float * mu) {
+                                                             const float * __restrict__ w, const float * __restrict__ mask,
+                                                             const float * __restrict__ keep, float * mu) {
     __shared__ double part[32][33];
     const int64_t c0 = (int64_t) blockIdx.x * 32;
+    const int64_t sq = blockIdx.y;
+    const float * ws = w + sq * T;
     double acc = 0.0;
     if (c0 + threadIdx.x < dh) {
 #pragma unroll 16
         for (int64_t t = threadIdx.y; t < T; t += 32) {
-            acc += (double) x[t * dh + c0 + threadIdx.x];
+            acc += (double) x[t * dh + c0 + threadIdx.x] * (double) ws[t];
         }
     }
     part[threadIdx.x][threadIdx.y] = acc; // [column][slice]
@@ -629,16 +632,13 @@ static __global__ void __launch_bounds__(1024) k_tq_key_mean(const float * __res
         s += __shfl_xor_sync(0xffffffffu, s, d);
     }
     if (threadIdx.x == 0 && j < dh) {
-        const float v = __fmul_rn(__fmul_rn(__double2float_rn(s), scale), mask[j]);
-        if (m != nullptr) {
-            m[j] = v;
-        }
-        mu[j] = v;
+        float * m = mu + sq * dh + j;
+        *m = __fadd_rn(__fmul_rn(__double2float_rn(s), mask[j]), __fmul_rn(*m, keep[sq]));
     }
 }
 
-// Node i a CONT of the first ubatch's key-mean chain (see k_tq_key_mean): runs the chain in one launch and returns
-// the nodes consumed after node i, or 0.
+// Node i a CONT of the key-mean chain (see k_tq_key_mean): runs the chain in one launch and returns the nodes
+// consumed after node i, or 0.
 template <typename NextReal>
 static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
                            const NextReal & next_real) {
@@ -652,41 +652,44 @@ static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
         return 0;
     }
     const int64_t dh = x->ne[0] * x->ne[1], T = x->ne[2];
-    const int is = next_real(i);
-    const ggml_tensor * sum = is >= 0 ? cgraph->nodes[is] : nullptr;
-    if (sum == nullptr || sum->op != GGML_OP_SUM_ROWS || sum->src[0] != c || sum->type != GGML_TYPE_F32) {
+    auto f32c = [](const ggml_tensor * t) { return t != nullptr && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t); };
+    auto node = [&](int at, ggml_op op) -> const ggml_tensor * {
+        const ggml_tensor * t = at >= 0 ? cgraph->nodes[at] : nullptr;
+        return t != nullptr && t->op == op && f32c(t) ? t : nullptr;
+    };
+    // MUL_MAT(c as [T, DH], w [T, S]) -> [DH, S]
+    const int imm = next_real(i);
+    const ggml_tensor * mm = node(imm, GGML_OP_MUL_MAT);
+    if (mm == nullptr || mm->src[0]->data != c->data || (mm->src[0] != c && mm->src[0]->view_src != c) ||
+        mm->src[0]->ne[0] != T || mm->src[0]->ne[1] != dh || !f32c(mm->src[1]) || mm->src[1]->ne[0] != T ||
+        mm->src[1]->ne[2] != 1 || mm->src[1]->ne[3] != 1 || mm->ne[0] != dh) {
         return 0;
     }
-    const int isc = next_real(is);
-    const ggml_tensor * sc = isc >= 0 ? cgraph->nodes[isc] : nullptr;
-    if (sc == nullptr || sc->op != GGML_OP_SCALE || sc->src[0] != sum || !ggml_is_contiguous(sc)) {
+    const int64_t S = mm->ne[1];
+    // MUL(mm, mask [DH, 1]), MUL(mu [DH, S], keep [1, S]), ADD of the two, CPY into mu
+    const int ia = next_real(imm);
+    const ggml_tensor * ma = node(ia, GGML_OP_MUL);
+    const int ib = next_real(ia);
+    const ggml_tensor * mb = node(ib, GGML_OP_MUL);
+    const int id = next_real(ib);
+    const ggml_tensor * add = node(id, GGML_OP_ADD);
+    const int ic = next_real(id);
+    const ggml_tensor * cp = node(ic, GGML_OP_CPY);
+    if (ma == nullptr || mb == nullptr || add == nullptr || cp == nullptr || ma->src[0] != mm ||
+        !f32c(ma->src[1]) || ggml_nelements(ma->src[1]) != dh || !f32c(mb->src[0]) || !f32c(mb->src[1]) ||
+        ggml_nelements(mb->src[0]) != dh * S || ggml_nelements(mb->src[1]) != S || add->src[0] != ma ||
+        add->src[1] != mb || cp->src[0] != add || ggml_nelements(cp) != dh * S || cp->data != mb->src[0]->data ||
+        tq_overlap(cp, x) || tq_overlap(cp, mm->src[1]) || tq_overlap(cp, ma->src[1]) || tq_overlap(cp, mb->src[1])) {
         return 0;
     }
-    float scale, bias;
-    memcpy(&scale, (const float *) sc->op_params + 0, sizeof(float));
-    memcpy(&bias, (const float *) sc->op_params + 1, sizeof(float));
-    if (bias != 0.0f) {
-        return 0;
+    for (const ggml_tensor * t : {c, mm, ma, mb, add}) {
+        if (tq_read_elsewhere(cgraph, t, i, ic)) {
+            return 0;
+        }
     }
-    const int im = next_real(isc);
-    const ggml_tensor * mul = im >= 0 ? cgraph->nodes[im] : nullptr;
-    if (mul == nullptr || mul->op != GGML_OP_MUL || mul->type != GGML_TYPE_F32 || !ggml_is_contiguous(mul) ||
-        ggml_nelements(mul) != dh || mul->src[0]->data != sc->data ||
-        (mul->src[0] != sc && mul->src[0]->view_src != sc) || !ggml_are_same_shape(mul->src[0], mul->src[1]) ||
-        mul->src[1]->type != GGML_TYPE_F32 || !ggml_is_contiguous(mul->src[1])) {
-        return 0;
-    }
-    const int ic = next_real(im);
-    const ggml_tensor * cp = ic >= 0 ? cgraph->nodes[ic] : nullptr;
-    if (cp == nullptr || cp->op != GGML_OP_CPY || cp->src[0] != mul || cp->type != GGML_TYPE_F32 ||
-        !ggml_is_contiguous(cp) || ggml_nelements(cp) != dh || tq_overlap(cp, x) || tq_overlap(cp, mul->src[1]) ||
-        tq_read_elsewhere(cgraph, c, i, ic) || tq_read_elsewhere(cgraph, sum, i, ic) ||
-        tq_read_elsewhere(cgraph, sc, i, ic)) {
-        return 0;
-    }
-    float * m = tq_read_elsewhere(cgraph, mul, i, ic) ? (float *) mul->data : nullptr;
-    k_tq_key_mean<<<(unsigned) ((dh + 31) / 32), dim3(32, 32), 0, ctx.stream()>>>(
-        (const float *) x->data, dh, T, scale, (const float *) mul->src[1]->data, m, (float *) cp->data);
+    k_tq_key_mean<<<dim3((unsigned) ((dh + 31) / 32), (unsigned) S), dim3(32, 32), 0, ctx.stream()>>>(
+        (const float *) x->data, dh, T, (const float *) mm->src[1]->data, (const float *) ma->src[1]->data,
+        (const float *) mb->src[1]->data, (float *) cp->data);
     CUDA_CHECK(cudaGetLastError());
     return ic - i;
 }
