@@ -31,7 +31,8 @@ def _ask(port: int, prompt: str, slot: int = -1) -> str:
 
 @pytest.mark.parametrize("kv", ["f16", "tq3", "tq4"])
 def test_answers_do_not_depend_on_parallel_or_history(tmp_path: Path, kv: str) -> None:
-    cache = ["-t", "2", "-fa", "on", "-ctk", kv, "-ctv", kv]
+    # --cache-ram 0: a finished slot's cells stay in the KV cache (the host prompt cache would move them out)
+    cache = ["-t", "2", "-fa", "on", "-ctk", kv, "-ctv", kv, "--cache-ram", "0"]
     # the reference: one slot with the context each of the 4 slots has (a unified cache: all of it; a stream per
     # slot: a quarter, and the key transforms follow the positions a sequence can span)
     for ctx, mode in ((2048, "--kv-unified"), (512, "--no-kv-unified")):
@@ -83,3 +84,24 @@ def test_context_shift_beside_another_sequence(tmp_path: Path, kv: str) -> None:
     log = (tmp_path / "np2.log").read_text()
     assert "context shift" in log.lower() or "n_discard" in log, log[-2000:]
     assert got == want
+
+
+def test_copied_sequences_answer_alike(tmp_path: Path) -> None:
+    """n_cmpl = 2: llama-server evaluates the prompt once and copies its cells to a child slot (seq_cp); the child
+    takes the parent's key mean with them, so both answers are the one a lone slot gives."""
+    import json
+    import urllib.request
+
+    prompt = PROMPTS[3]
+    cache = ["-t", "2", "-fa", "on", "-ctk", "tq3", "-ctv", "tq3", "-c", "2048", "--cache-ram", "0"]
+    with llama_server([*cache, "-np", "1"], tmp_path / "np1.log") as port:
+        want = _ask(port, prompt)
+    with llama_server([*cache, "-np", "3", "--kv-unified"], tmp_path / "np3.log") as port:
+        _ask(port, UNRELATED, slot=2)
+        body = {"prompt": prompt, "n_predict": 24, "temperature": 0, "cache_prompt": False, "n_cmpl": 2}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=300) as r:
+            got = json.loads(r.read())
+    assert isinstance(got, list) and len(got) == 2, got
+    assert [g["content"] for g in got] == [want, want]
