@@ -480,30 +480,29 @@ static int32_t token_seq(const llama_ubatch & ub, uint32_t t) {
     return ub.n_seq_id != nullptr && ub.n_seq_id[t] > 0 ? ub.seq_id[t][0] : 0;
 }
 
-bool llama_tq_keys::starts_mean(const llama_ubatch & ub) const {
+// Per sequence: the ubatch's tokens of it while its mu is not set (a token of a reserve graph, which has no sequence,
+// counts for sequence 0).
+std::vector<uint32_t> llama_tq_keys::new_tokens(const llama_ubatch & ub) const {
     std::vector<uint32_t> n((size_t) n_seq, 0);
     for (uint32_t t = 0; t < ub.n_tokens; ++t) {
         const int32_t k = ub.n_seq_id != nullptr && ub.n_seq_id[t] > 0 ? ub.n_seq_id[t] : 1;
         for (int32_t j = 0; j < k; ++j) {
             const int32_t sq = j == 0 ? token_seq(ub, t) : ub.seq_id[t][j];
-            if (sq >= 0 && (uint32_t) sq < n_seq && !mu_ready[(size_t) sq] && ++n[(size_t) sq] >= 2) {
-                return true;
-            }
+            n[(size_t) sq] += sq >= 0 && (uint32_t) sq < n_seq && !mu_ready[(size_t) sq] ? 1 : 0;
         }
     }
-    return false;
+    return n;
+}
+
+bool llama_tq_keys::starts_mean(const llama_ubatch & ub) const {
+    const std::vector<uint32_t> n = new_tokens(ub);
+    return std::any_of(n.begin(), n.end(), [](uint32_t c) { return c >= 2; });
 }
 
 void llama_tq_keys::fill_inputs(const llama_ubatch & ub, ggml_tensor * tok_seq, ggml_tensor * w,
                                 ggml_tensor * keep) const {
     const uint32_t T = ub.n_tokens;
-    std::vector<uint32_t> n((size_t) n_seq, 0);  // tokens of each sequence that has no mu yet
-    for (uint32_t t = 0; t < T; ++t) {
-        for (int32_t j = 0; j < ub.n_seq_id[t]; ++j) {
-            const int32_t sq = ub.seq_id[t][j];
-            n[(size_t) sq] += mu_ready[(size_t) sq] ? 0 : 1;
-        }
-    }
+    const std::vector<uint32_t> n = new_tokens(ub);  // tokens of each sequence that has no mu yet
     if (tok_seq != nullptr) {
         std::vector<int32_t> ts(T);
         for (uint32_t t = 0; t < T; ++t) {

@@ -126,6 +126,7 @@ private:
     ggml_tensor * mu_rows(ggml_context * ctx, ggml_tensor * table, const layer & L, ggml_tensor * seq_of_token) const;
     void set_seq_mu(int32_t seq, const std::vector<std::vector<float>> * rows) const;  // nullptr: zero
     bool seq_empty(int32_t seq, const std::vector<llama_kv_cells> & cells) const;
+    std::vector<uint32_t> new_tokens(const llama_ubatch & ubatch) const;  // per sequence, while its mu is unset
 
     bool center = false;
     bool equalize = false;
