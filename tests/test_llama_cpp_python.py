@@ -289,8 +289,13 @@ def test_tq_configure_from_python(binding: None) -> None:
     """tq_configure: the TQ cache options reach the context (llama_init_from_model_tq) without any environment:
     tq3 keys without the key transforms give other logits than with them, and the defaults give them back; bad
     values raise with llama.cpp's message."""
-    proc = subprocess.run([sys.executable, "-c", TQ_SCRIPT, str(default_model())], capture_output=True, text=True,
-                          timeout=600, env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")})
+    proc = subprocess.run(
+        [sys.executable, "-c", TQ_SCRIPT, str(default_model())],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "KEYS 0 False" in proc.stdout and "KEYS auto True" in proc.stdout, proc.stdout
     assert "ERROR --tq-keys must be auto, 1, 0, mean, eq or matrix (got 'sometimes')" in proc.stdout

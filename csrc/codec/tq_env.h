@@ -6,6 +6,8 @@
  *                                         dependent launch (upstream's own switch for its kernels is GGML_CUDA_PDL=0)
  *   LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE=1   CUDA: merge the tensor-core decode's splits in a separate kernel instead
  *                                         of in the kernel's last chunk
+ *   LLAMA_TQ_KEY_BIAS_DISABLE=1           TQ keys keep a model's K bias (Qwen2) in the stored keys instead of adding
+ *                                         it back exactly in attention (llama-tq-keys.h): for comparison
  *
  * A test (tests/test_repo_layout.py) keeps every environment read of csrc/ in this file. */
 #ifndef TQ_ENV_H
@@ -16,6 +18,7 @@
 
 #define TQ_ENV_CUDA_PDL_DISABLE "LLAMA_TQ_CUDA_PDL_DISABLE"
 #define TQ_ENV_CUDA_FUSED_MERGE_DISABLE "LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE"
+#define TQ_ENV_KEY_BIAS_DISABLE "LLAMA_TQ_KEY_BIAS_DISABLE"
 
 /* 1 when the *_DISABLE switch is set to anything but "" or "0". */
 static inline int tq_env_flag(const char * name_DISABLE) {

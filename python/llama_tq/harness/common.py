@@ -204,4 +204,3 @@ def pyplot() -> ModuleType | None:
     import matplotlib.pyplot as plt
 
     return plt
-

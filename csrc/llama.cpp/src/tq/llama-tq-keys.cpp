@@ -9,6 +9,7 @@
 #include "llama-model.h"
 #include "llama-tq-linalg.h"
 #include "llama-tq-types.h"
+#include "tq_env.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,19 +25,54 @@ namespace {
 // One per graph (its layers share it): each token's sequence and, in a graph that sets means, which tokens start
 // which sequence's mean. A graph that sets means is reused only for a ubatch that starts one, and the reverse.
 // set_input runs right before the graph computes; it marks the ubatch's new sequences' mu as set.
+// With a K bias removed: each cell's position (the mask's cells, streams in the mask's order) and what the layers
+// built from it.
 class llm_graph_input_tq_keys : public llm_graph_input_i {
 public:
-    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool sets_mu) : keys(keys), sets_mu(sets_mu) {}
+    llm_graph_input_tq_keys(const llama_tq_keys * keys, bool centers, bool sets_mu)
+        : keys(keys), centers(centers), sets_mu(sets_mu) {}
 
-    void set_input(const llama_ubatch * ubatch) override { keys->fill_inputs(*ubatch, tok_seq, w, keep); }
+    void set_input(const llama_ubatch * ubatch) override {
+        if (centers) {
+            keys->fill_inputs(*ubatch, tok_seq, w, keep);
+        }
+        if (cell_pos != nullptr) {
+            fill_cell_pos(*ubatch);
+        }
+    }
 
-    bool can_reuse(const llm_graph_params & params) override { return sets_mu == keys->starts_mean(params.ubatch); }
+    bool can_reuse(const llm_graph_params & params) override {
+        return !centers || sets_mu == keys->starts_mean(params.ubatch);
+    }
+
+    void fill_cell_pos(const llama_ubatch & ub) const {
+        const int64_t n = ggml_nelements(cell_pos);
+        const int64_t n_kv = n / n_stream;
+        const uint32_t tps = ub.n_tokens / (uint32_t) n_stream;
+        std::vector<int32_t> pos((size_t) n, 0);  // an empty cell's position does not matter: the mask drops it
+        for (int64_t s = 0; s < n_stream; ++s) {
+            const int32_t seq = ub.seq_id != nullptr ? ub.seq_id[(size_t) s * tps][0] : 0;
+            const llama_kv_cells & c = cells->size() == 1 ? (*cells)[0] : (*cells)[(size_t) seq];
+            for (int64_t j = 0; j < n_kv && j < (int64_t) c.size(); ++j) {
+                pos[(size_t) (s * n_kv + j)] = c.is_empty((uint32_t) j) ? 0 : c.pos_get((uint32_t) j);
+            }
+        }
+        ggml_backend_tensor_set(cell_pos, pos.data(), 0, pos.size() * sizeof(int32_t));
+    }
 
     const llama_tq_keys * keys;
+    const bool centers;
     const bool sets_mu;
     ggml_tensor * tok_seq = nullptr;  // I32 [T]: each token's (first) sequence; none with one sequence
     ggml_tensor * w = nullptr;        // F32 [T, n_seq]: 1 / (n_s + 16) where token t counts for sequence s's new mean
     ggml_tensor * keep = nullptr;     // F32 [1, n_seq]: 1 where sequence s keeps its mu, 0 where it takes a new one
+    // K bias
+    const std::vector<llama_kv_cells> * cells = nullptr;
+    int64_t n_stream = 1;
+    ggml_tensor * cell_pos = nullptr;   // I32 [n_kv * streams]
+    ggml_tensor * pair_rope = nullptr;  // T: F32 [D, 1, n_kv * streams], made by the first layer that needs it
+    int32_t pair_rope_params[16] = {};  // the RoPE it was made with
+    std::map<int32_t, const ggml_tensor *> add_back;  // layers whose keys attention reads with b added: their RoPE
 };
 
 // The K-shift graph's input: each cell's (first) sequence, cells of every stream in order.
@@ -65,6 +101,40 @@ public:
     const uint32_t n_seq;
     ggml_tensor * cell_seq = nullptr;  // I32 [cells of every stream]
 };
+
+// x through the same RoPE as the node `like` (its parameters, positions pos, its frequency factors).
+ggml_tensor * rope_like(ggml_context * ctx, ggml_tensor * x, ggml_tensor * pos, const ggml_tensor * like) {
+    float f[6];
+    std::memcpy(f, like->op_params + 5, sizeof(f));
+    ggml_tensor * r = ggml_rope_ext(ctx, x, pos, like->src[2], like->op_params[1], like->op_params[2],
+                                    like->op_params[4], f[0], f[1], f[2], f[3], f[4], f[5]);
+    std::memcpy(r->op_params, like->op_params, sizeof(int32_t) * 16);
+    return r;
+}
+
+// k = RoPE(reshape or view of (y + bias)) with bias the K bias tensor (its K part at element kb_off): the same RoPE
+// of y alone; nullptr where the graph is built another way (the bias then stays in the keys).
+ggml_tensor * rope_without_bias(ggml_context * ctx, ggml_tensor * k, const ggml_tensor * bias, int64_t kb_off) {
+    const int32_t mode = k->op != GGML_OP_ROPE ? -1 : k->op_params[2];
+    if (mode != LLAMA_ROPE_TYPE_NORM && mode != LLAMA_ROPE_TYPE_NEOX) {
+        return nullptr;
+    }
+    ggml_tensor * x = k->src[0];
+    ggml_tensor * a = x->src[0];
+    if ((x->op != GGML_OP_RESHAPE && x->op != GGML_OP_VIEW) || a == nullptr || a->op != GGML_OP_ADD ||
+        a->src[1] != bias || !ggml_is_contiguous(a) || !ggml_is_contiguous(a->src[0]) ||
+        !ggml_are_same_shape(a, a->src[0]) || a->type != a->src[0]->type) {
+        return nullptr;
+    }
+    ggml_tensor * y = a->src[0];
+    ggml_tensor * x2 = nullptr;
+    if (x->op == GGML_OP_RESHAPE && kb_off == 0) {
+        x2 = ggml_reshape_3d(ctx, y, x->ne[0], x->ne[1], x->ne[2]);
+    } else if (x->op == GGML_OP_VIEW && (int64_t) (x->view_offs / ggml_element_size(a)) == kb_off) {
+        x2 = ggml_view_3d(ctx, y, x->ne[0], x->ne[1], x->ne[2], x->nb[1], x->nb[2], x->view_offs);
+    }
+    return x2 != nullptr ? rope_like(ctx, x2, k->src[1], k) : nullptr;
+}
 
 // s^4 = g_q^2 / g_k^2 per channel from the QK-norm gains, averaged over RoPE pairs, geometric mean 1, in [1/16, 16].
 // Channels where either gain is ~0 carry no logit; their scale is arbitrary and only the clip bounds it.
@@ -319,7 +389,7 @@ llama_tq_keys::~llama_tq_keys() {
 
 void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
     const int32_t mode = llama_tq_params_for_new_cache().keys;  // --tq-keys (llama_init_from_model_tq)
-    center = equalize = matrix = false;
+    center = equalize = matrix = kbias = false;
     const bool tq = ggml_tq_is_tq(type_k);
     if (!allowed || !tq || hp.is_mla() || hp.n_layer() == 0) {
         return;
@@ -343,6 +413,10 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
     if (center && hp.attn_soft_cap) {
         center = false;  // tanh(logit / cap) does not ignore a common shift
     }
+    // a K bias comes back through the mask (added after tanh) or as f16 keys
+    kbias = !hp.attn_soft_cap && (hp.rope_type == LLAMA_ROPE_TYPE_NORM || hp.rope_type == LLAMA_ROPE_TYPE_NEOX) &&
+            !tq_env_flag(TQ_ENV_KEY_BIAS_DISABLE);
+    rope_neox = hp.rope_type == LLAMA_ROPE_TYPE_NEOX;
     if (!center && !equalize) {
         return;
     }
@@ -356,8 +430,10 @@ void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64
     }
 }
 
-void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t n_seq_max) {
+void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t n_seq_max,
+                             const std::vector<llama_kv_cells> & cells) {
     model_ = &model;
+    cells_ = &cells;
     n_seq = std::max<uint32_t>(n_seq_max, 1);
     mu_ready.assign(n_seq, 0);
     if ((center || equalize) && model.split_mode() == LLAMA_SPLIT_MODE_TENSOR) {
@@ -365,15 +441,30 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
         // transforms' ops (it aborts on them); the TQ types themselves run there
         LLAMA_LOG_WARN("%s: TQ key transforms off: -sm tensor cannot split them (as --tq-keys 0: prefer tq4 keys, "
                        "or -sm layer)\n", __func__);
-        center = equalize = matrix = false;
+        center = equalize = matrix = kbias = false;
         layers.clear();
         return;
     }
+    // the K bias of each layer (the K part of a fused QKV bias): removed where it is not zero
+    std::map<int32_t, std::vector<float>> kb_vals;
+    for (auto & [il, L] : layers) {
+        const llama_layer & ml = model.layers[il];
+        const ggml_tensor * bt = kbias ? (ml.wk_b ? ml.wk_b : ml.wqkv != nullptr ? ml.wqkv_b : nullptr) : nullptr;
+        const int64_t off = ml.wk_b ? 0 : (int64_t) model.hparams.n_head((uint32_t) il) * head_dim;
+        const std::vector<float> all = bt != nullptr && bt->type == GGML_TYPE_F32 ? weight_floats(bt) : std::vector<float>();
+        if ((int64_t) all.size() >= off + L.n &&
+            std::any_of(all.begin() + off, all.begin() + off + L.n, [](float v) { return v != 0.0f; })) {
+            L.kb = bt;
+            L.kb_off = off;
+            kb_vals[il].assign(all.begin() + off, all.begin() + off + L.n);
+        }
+    }
+    kbias = !kb_vals.empty();
     std::map<ggml_backend_buffer_type_t, ggml_context *> by_buft;
     for (auto & [il, L] : layers) {
         ggml_context *& ctx = by_buft[L.buft];
         if (ctx == nullptr) {
-            ggml_init_params ip = {3 * layers.size() * ggml_tensor_overhead(), nullptr, true};
+            ggml_init_params ip = {4 * layers.size() * ggml_tensor_overhead(), nullptr, true};
             ctx = ggml_init(ip);
             if (ctx == nullptr) {
                 throw std::runtime_error("failed to create the ggml context of the TQ key transforms");
@@ -387,6 +478,10 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
         if (matrix) {
             L.m = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, head_dim, head_dim, L.n / head_dim, 3);
             ggml_format_name(L.m, "tq_keys_basis_l%d", il);
+        }
+        if (L.kb != nullptr) {
+            L.mb = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, head_dim, head_dim, L.n / head_dim);
+            ggml_format_name(L.mb, "tq_keys_bias_l%d", il);
         }
     }
     for (auto & [buft, ctx] : by_buft) {
@@ -416,6 +511,38 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
         }
         ggml_backend_tensor_set(L.t, L.s.data(), ROW_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         ggml_backend_tensor_set(L.t, inv.data(), ROW_INV_S * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        // RoPE pairs (a, c): NEOX (i, i + D/2), normal (2i, 2i + 1). T(p) = RoPE of 1 at a: (cos, sin) at (a, c).
+        // qb = B^T q with rows a: (b_a, b_c), c: (-b_c, b_a) on (q_a, q_c): qb . T(p) = q . R(p) b
+        std::vector<float> pair((size_t) L.n, 0.0f), mb;
+        for (int64_t c = 0; c < L.n; ++c) {
+            const int64_t d = c % head_dim;
+            pair[(size_t) c] = (neox ? d < head_dim / 2 : d % 2 == 0) ? 1.0f : 0.0f;
+        }
+        ggml_backend_tensor_set(L.t, pair.data(), ROW_PAIR * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
+        if (L.mb != nullptr) {
+            const std::vector<float> & b = kb_vals[il];
+            const int64_t D = head_dim;
+            mb.assign((size_t) (L.n * D), 0.0f);
+            for (int64_t h = 0; h < L.n / D; ++h) {
+                float * M = mb.data() + h * D * D;  // element (k, i) at i * D + k: qb_i = sum_k M(k, i) q_k
+                const float * bh = b.data() + h * D;
+                for (int64_t a = 0; a < D; ++a) {
+                    if (pair[(size_t) a] == 0.0f) {
+                        continue;
+                    }
+                    const int64_t c = neox ? a + D / 2 : a + 1;
+                    M[a * D + a] = bh[a];
+                    M[a * D + c] = bh[c];
+                    M[c * D + c] = bh[a];
+                    M[c * D + a] = -bh[c];
+                }
+            }
+            ggml_backend_tensor_set(L.mb, mb.data(), 0, mb.size() * sizeof(float));
+        }
+    }
+    if (kbias) {
+        LLAMA_LOG_INFO("%s: TQ keys: the K bias of %zu layers is kept out of the stored keys and added back exactly "
+                       "in attention\n", __func__, kb_vals.size());
     }
     set_center_span(model, n_pos);
     if (equalize && n_eq == 0 && !matrix) {
@@ -536,8 +663,20 @@ void llama_tq_keys::fill_inputs(const llama_ubatch & ub, ggml_tensor * tok_seq, 
     }
 }
 
+// The graph's input (one per graph), made by the first layer that needs it.
+static llm_graph_input_tq_keys * graph_input(const llama_tq_keys * keys, llm_graph_result * res) {
+    for (const auto & i : res->inputs) {
+        auto * c = dynamic_cast<llm_graph_input_tq_keys *>(i.get());
+        if (c != nullptr && c->keys == keys) {
+            return c;
+        }
+    }
+    return nullptr;
+}
+
 void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_ubatch & ubatch,
-                          ggml_tensor *& q, ggml_tensor *& k, int32_t il, bool center_ok) const {
+                          ggml_tensor *& q, ggml_tensor *& k, int32_t il, bool center_ok, ggml_tensor ** kq_mask,
+                          float kq_scale, const ggml_tensor * k_rot) const {
     const layer * lp = find(il);
     if (lp == nullptr) {
         return;
@@ -546,6 +685,61 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     const int64_t hkv = L.n / head_dim;
     const size_t f = sizeof(float);
     ensure_basis();
+    llm_graph_input_tq_keys * inp = graph_input(this, res);
+    auto input = [&]() {
+        if (inp == nullptr) {
+            const bool centers = center && center_ok;
+            auto made = std::make_unique<llm_graph_input_tq_keys>(this, centers, centers && starts_mean(ubatch));
+            const int64_t T = k->ne[2];
+            if (centers && n_seq > 1) {
+                made->tok_seq = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+                ggml_set_input(made->tok_seq);
+            }
+            if (made->sets_mu) {
+                made->w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, T, n_seq);
+                made->keep = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, n_seq);
+                ggml_set_input(made->w);
+                ggml_set_input(made->keep);
+            }
+            inp = static_cast<llm_graph_input_tq_keys *>(res->add_input(std::move(made)));
+        }
+        return inp;
+    };
+    // the K bias: keys without it, and q . R(p) b back through the mask (few rows) or the keys attention reads
+    ggml_tensor * unbiased = L.mb != nullptr && kq_mask != nullptr && *kq_mask != nullptr && k_rot == nullptr
+                                 ? rope_without_bias(ctx, k, L.kb, L.kb_off) : nullptr;
+    if (unbiased != nullptr) {
+        ggml_tensor * mask = *kq_mask;
+        auto * in = input();
+        const int64_t n_kv = mask->ne[0], rows = mask->ne[1], n_str = mask->ne[3], H = q->ne[1];
+        if (in->cell_pos == nullptr) {
+            in->cells = cells_;
+            in->n_stream = n_str;
+            in->cell_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_kv * n_str);
+            ggml_set_input(in->cell_pos);
+        }
+        if (rows * H <= L.n) {  // the per-head products are no larger than one f32 copy of the keys
+            const bool same = in->pair_rope != nullptr && std::memcmp(in->pair_rope_params, k->op_params, sizeof(in->pair_rope_params)) == 0;
+            ggml_tensor * tab = same ? in->pair_rope : nullptr;
+            if (tab == nullptr) {
+                ggml_tensor * pat = ggml_view_3d(ctx, L.t, head_dim, 1, 1, head_dim * f, head_dim * f, ROW_PAIR * L.n * f);
+                tab = rope_like(ctx, ggml_repeat_4d(ctx, pat, head_dim, 1, n_kv * n_str, 1), in->cell_pos, k);
+                if (in->pair_rope == nullptr) {
+                    in->pair_rope = tab;
+                    std::memcpy(in->pair_rope_params, k->op_params, sizeof(in->pair_rope_params));
+                }
+            }
+            ggml_tensor * qb = heads_times(ctx, L.mb, q);  // [D, T, H]
+            qb = n_str == 1 ? ggml_reshape_4d(ctx, qb, head_dim, rows, H, 1)
+                            : ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, qb, head_dim, rows, n_str, H), 0, 1, 3, 2));
+            ggml_tensor * beta = ggml_mul_mat(ctx, ggml_reshape_4d(ctx, tab, head_dim, n_kv, 1, n_str), qb);
+            beta = ggml_scale(ctx, beta, kq_scale);  // [n_kv, rows, H, streams]
+            *kq_mask = ggml_add(ctx, mask->type == GGML_TYPE_F32 ? beta : ggml_cast(ctx, beta, mask->type), mask);
+        } else {
+            in->add_back[il] = k;
+        }
+        k = unbiased;
+    }
     if (equalize && L.m != nullptr) {
         q = mat_mul_heads(ctx, L, MAT_INV_T, q);
     } else if (equalize) {
@@ -566,37 +760,19 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     if (center && center_ok) {
         k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
         const int64_t T = k->ne[2];
-        llm_graph_input_tq_keys * inp = nullptr;  // the graph's, made by its first centered layer
-        for (const auto & i : res->inputs) {
-            auto * c = dynamic_cast<llm_graph_input_tq_keys *>(i.get());
-            inp = c != nullptr && c->keys == this ? c : inp;
-        }
-        if (inp == nullptr) {
-            auto made = std::make_unique<llm_graph_input_tq_keys>(this, starts_mean(ubatch));
-            if (n_seq > 1) {
-                made->tok_seq = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
-                ggml_set_input(made->tok_seq);
-            }
-            if (made->sets_mu) {
-                made->w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, T, n_seq);
-                made->keep = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, n_seq);
-                ggml_set_input(made->w);
-                ggml_set_input(made->keep);
-            }
-            inp = static_cast<llm_graph_input_tq_keys *>(res->add_input(std::move(made)));
-        }
+        auto * in = input();
         ggml_tensor * table = L.mu;
-        if (inp->sets_mu) {
+        if (in->sets_mu) {
             // new means of the starting sequences (one mat-mul: keys [T, n] by weights [T, n_seq]), slow pairs only,
             // the other sequences' rows kept; the SUB below reads the table through the CPY
             ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k, 1, 2, 0, 3));  // [T, D, H]
-            ggml_tensor * m = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, kt, T, L.n), inp->w);  // [n, n_seq]
+            ggml_tensor * m = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, kt, T, L.n), in->w);  // [n, n_seq]
             ggml_tensor * mask = ggml_view_2d(ctx, L.t, L.n, 1, L.n * f, ROW_CENTER_MASK * L.n * f);
-            m = ggml_add(ctx, ggml_mul(ctx, m, mask), ggml_mul(ctx, L.mu, inp->keep));
+            m = ggml_add(ctx, ggml_mul(ctx, m, mask), ggml_mul(ctx, L.mu, in->keep));
             table = ggml_cpy(ctx, m, L.mu);
         }
-        ggml_tensor * mu = mu_rows(ctx, table, L, inp->tok_seq);
-        if (inp->tok_seq != nullptr) {
+        ggml_tensor * mu = mu_rows(ctx, table, L, in->tok_seq);
+        if (in->tok_seq != nullptr) {
             // the gather into the graph ahead of K's RoPE: then a one-token ubatch's RoPE, SUB [MUL] and K write
             // stay adjacent, and CUDA still runs them as one launch (ggml-tq-cuda.cu, tq_key_transform_at)
             ggml_build_forward_expand(gf, mu);
@@ -608,17 +784,40 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     }
 }
 
+ggml_tensor * llama_tq_keys::attn_keys(ggml_context * ctx, llm_graph_result * res, ggml_tensor * k, int32_t il) const {
+    const llm_graph_input_tq_keys * in = kbias ? graph_input(this, res) : nullptr;
+    const auto it = in != nullptr ? in->add_back.find(il) : decltype(in->add_back)::const_iterator();
+    if (in == nullptr || it == in->add_back.end()) {
+        return k;
+    }
+    const layer & L = *find(il);
+    const size_t f = sizeof(float);
+    const int64_t hkv = k->ne[1], n = k->ne[2] * k->ne[3];
+    // R(p) b at each cell, in the stored keys' basis (the centering's shift needs nothing: softmax ignores it)
+    ggml_tensor * b = ggml_view_3d(ctx, const_cast<ggml_tensor *>(L.kb), head_dim, hkv, 1, head_dim * f, L.n * f, L.kb_off * f);
+    ggml_tensor * rb = rope_like(ctx, ggml_repeat_4d(ctx, b, head_dim, hkv, n, 1), in->cell_pos, it->second);
+    if (equalize) {
+        rb = L.m != nullptr ? mat_mul_heads(ctx, L, MAT_A, rb) : ggml_mul(ctx, rb, row(ctx, L, ROW_S));
+    }
+    ggml_tensor * kf = ggml_cast(ctx, k, GGML_TYPE_F32);
+    kf = ggml_add(ctx, kf, ggml_reshape_4d(ctx, rb, k->ne[0], k->ne[1], k->ne[2], k->ne[3]));
+    return ggml_cast(ctx, kf, GGML_TYPE_F16);
+}
+
 ggml_tensor * llama_tq_keys::mat(ggml_context * ctx, const layer & L, mat_id m) const {
     const int64_t hkv = L.n / head_dim;
     return ggml_view_3d(ctx, L.m, head_dim, head_dim, hkv, L.m->nb[1], L.m->nb[2], (size_t) m * L.m->nb[3]);
 }
 
-ggml_tensor * llama_tq_keys::mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const {
+ggml_tensor * llama_tq_keys::heads_times(ggml_context * ctx, ggml_tensor * m3, ggml_tensor * x) const {
     // [D, H, T] -> [D, T, H]: ggml_mul_mat broadcasts the n_head_kv matrices over the heads in groups of H / n_head_kv,
     // as attention maps query heads to KV heads
     ggml_tensor * xt = ggml_cont(ctx, ggml_permute(ctx, x, 0, 2, 1, 3));
-    ggml_tensor * y = ggml_mul_mat(ctx, mat(ctx, L, m), xt);  // row i of the matrix dotted with each vector
-    return ggml_cont(ctx, ggml_permute(ctx, y, 0, 2, 1, 3));  // back to [D, H, T]
+    return ggml_mul_mat(ctx, m3, xt);  // row i of the matrix dotted with each vector
+}
+
+ggml_tensor * llama_tq_keys::mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const {
+    return ggml_cont(ctx, ggml_permute(ctx, heads_times(ctx, mat(ctx, L, m), x), 0, 2, 1, 3));  // back to [D, H, T]
 }
 
 void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset) const {
@@ -875,7 +1074,7 @@ void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, float * rows, int
     }
 }
 
-// Layout: uint32 magic, uint32 flags (1 centering, 2 equalization, 8 matrix), [uint32 basis span with a matrix],
+// Layout: uint32 magic, uint32 flags (1 centering, 2 equalization, 8 matrix, 16 K bias removed), [uint32 basis span with a matrix],
 // uint32 n_rows (1: one sequence's, else every sequence's), then per row uint32 set (0/1) and per layer (ascending
 // il) n floats of mu. The magic makes a state saved without the transforms (or by the build before per-sequence
 // means, "TQK1") fail to load instead of being misread.
@@ -886,7 +1085,7 @@ void llama_tq_keys::state_write(llama_io_write_i & io, int32_t seq) const {
         return;
     }
     io.write(&TQ_KEYS_MAGIC, sizeof(TQ_KEYS_MAGIC));
-    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u);
+    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u) | (kbias ? 16u : 0u);
     io.write(&flags, sizeof(flags));
     if (matrix) {
         ensure_basis();
@@ -917,9 +1116,10 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, int32_t seq, const std::vec
         return false;
     }
     io.read(&flags, sizeof(flags));
-    if (flags != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u))) {
+    if (flags != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u) | (kbias ? 16u : 0u))) {
         LLAMA_LOG_ERROR("%s: the state was saved with other TQ key transforms (flags %u; this cache: centering %d, "
-                        "equalization %d, matrix %d; see --tq-keys)\n", __func__, flags, center, equalize, matrix);
+                        "equalization %d, matrix %d, K bias removed %d; see --tq-keys)\n", __func__, flags, center,
+                        equalize, matrix, kbias);
         return false;
     }
     uint32_t span = basis_span;

@@ -30,6 +30,19 @@
 // averaged over the RoPE rotations of the cache's positions: deterministic from the model and n_ctx (the state
 // stores n_ctx). Costs two small mat-muls per layer; layers whose weights cannot be read back keep the diagonal s.
 // Off-diagonal moments are halved (bench/results/key_basis/).
+//
+// K bias (issue 44: Qwen2 / Qwen2.5 add a bias b to K before RoPE): after RoPE it is R(pos) b, a vector that turns
+// with the position and can be many times a key's norm, so TQ's error (proportional to what it stores) grew with it
+// and centering removed only its slow pairs. b is a weight, so its part is known exactly at every position: the
+// stored key is RoPE(k - b) (the model's own RoPE node applied to the projection without its bias: no rounding), and
+// attention gets q . R(p) b back exactly for each cell p, in one of two ways chosen per graph by size:
+//   - few query rows (decode): q . R(p) b = qb . T(p), with qb = B^T q per KV head (B: b's 2x2 block per RoPE pair)
+//     and T(p) = RoPE of a (1, 0) pair pattern at the cell's position (cos, sin per pair; the same RoPE op as the
+//     keys, once per graph); the [n_kv, rows, heads] products join the mask, per head (scaled by kq_scale);
+//   - many rows (prefill): K' = K + RoPE(b) at each cell's position, in f16 (the f16 cache's own precision), read
+//     by attention instead of K (the per-head mask would be rows x heads x cells).
+// Layers whose graph does not add b right before RoPE keep it in the keys (as before). Off with soft-capping (the
+// mask is added after tanh), with upstream's K rotation on, and with LLAMA_TQ_KEY_BIAS_DISABLE=1 (for comparison).
 // Policy: on for tq3/tq4 K by default; llama_tq_params.keys (--tq-keys auto|0|mean|eq|1|matrix) overrides it.
 #pragma once
 
@@ -60,7 +73,8 @@ public:
     // After the layers: allocates mu/s on their devices and uploads s; n_pos: the positions this cache can hold
     // (its size; 0: not known yet, the trained context until set_center_span says otherwise); n_seq: the sequences
     // it holds (one mean each).
-    void allocate(const llama_model & model, uint32_t n_pos, uint32_t n_seq);
+    // cells: the cache's cells per stream (the K bias's positions)
+    void allocate(const llama_model & model, uint32_t n_pos, uint32_t n_seq, const std::vector<llama_kv_cells> & cells);
     // Which channels the next mu centers: the RoPE pairs that turn by at most 1 rad over n_pos positions. An SWA
     // cache holds fewer cells than the positions it sees: its owner passes the full context.
     void set_center_span(const llama_model & model, uint32_t n_pos);
@@ -81,8 +95,15 @@ public:
     // Graph: q' = q / s, k' = (k - mu[seq]) * s for layer il (before upstream's rotation), each token with its
     // sequence's mu. center = false where a shift of the logits is not exact (sinks, soft-capping). The graph input
     // (one per graph) gives each token its sequence and, in a graph that sets means, which sequences start.
+    // kq_mask (nullable: no K-bias removal): the attention mask [n_kv, rows, 1, streams], replaced by one per head
+    // where the K bias comes back through it; k_rot: upstream's K rotation input (bias removal is off with it).
     void apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_ubatch & ubatch,
-               ggml_tensor *& q, ggml_tensor *& k, int32_t il, bool center) const;
+               ggml_tensor *& q, ggml_tensor *& k, int32_t il, bool center, ggml_tensor ** kq_mask = nullptr,
+               float kq_scale = 1.0f, const ggml_tensor * k_rot = nullptr) const;
+    // The cache's K view [D, H_kv, n_kv, streams] as attention reads it: with the K bias added back (f16) where
+    // apply chose that way for layer il, else k.
+    ggml_tensor * attn_keys(ggml_context * ctx, llm_graph_result * res, ggml_tensor * k, int32_t il) const;
+    bool removes_key_bias() const { return kbias; }
     // K-shift graph: shift_input first (each cell's sequence, for its mu), then per layer stored keys back to true
     // keys (x / s + mu) and forward again; cur is [n, H, cells of every stream].
     void shift_input(ggml_context * ctx, llm_graph_result * res, const std::vector<llama_kv_cells> & cells) const;
@@ -112,14 +133,20 @@ private:
         std::vector<float> s;              // host copy of s
         ggml_tensor * m = nullptr;         // key basis: F32 [D, D, n_head_kv, 3]: A, A^-T, A^-1 (row-major), or null
         mutable std::vector<float> a_inv;  // host copy of A^-1 per KV head (true_keys)
+        const ggml_tensor * kb = nullptr;  // the model's K bias (or fused QKV bias) when it is removed, else null
+        int64_t kb_off = 0;                // K's first element in it
+        ggml_tensor * mb = nullptr;        // F32 [D, D, n_head_kv]: q -> qb, qb . T(p) = q . R(p) b
     };
     enum mat_id { MAT_A, MAT_INV_T, MAT_INV };
     ggml_tensor * mat(ggml_context * ctx, const layer & L, mat_id m) const;
     // x [D, H, T] -> per head matrix m times x (the head's KV matrix: query head h reads KV head h / (H / n_head_kv))
     ggml_tensor * mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const;
+    // m3 [D, D, n_head_kv] times x [D, H, T] per head, as [D, T, H]
+    ggml_tensor * heads_times(ggml_context * ctx, ggml_tensor * m3, ggml_tensor * x) const;
     void compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset = false) const;
     void ensure_basis() const;
-    enum row_id { ROW_S, ROW_INV_S, ROW_CENTER_MASK, N_ROWS };  // the rows of layer::t
+    enum row_id { ROW_S, ROW_INV_S, ROW_CENTER_MASK, ROW_PAIR, N_ROWS };  // the rows of layer::t (ROW_PAIR: 1 at
+                                                                          // each RoPE pair's first channel)
     const layer * find(int32_t il) const;  // nullptr where layer il has no transforms
     ggml_tensor * row(ggml_context * ctx, const layer & L, row_id r) const;
     // mu per token of cur [D, H, T]: one row broadcast with one sequence, else the rows of seq_of_token [T]
@@ -131,6 +158,9 @@ private:
     bool center = false;
     bool equalize = false;
     bool matrix = false;       // equalization by a full matrix per KV head (the key basis)
+    bool kbias = false;        // a K bias is removed from the stored keys (some layer has one)
+    bool rope_neox = false;
+    const std::vector<llama_kv_cells> * cells_ = nullptr;
     mutable uint32_t basis_span = 0;  // the positions the basis was averaged over (0: not computed yet)
     mutable std::mutex basis_mutex;
     const llama_model * model_ = nullptr;  // for a basis of another span (a restored state)
