@@ -38,6 +38,12 @@
 #   keymean  the per-sequence key means: tq3 KLD on the GPU against the CPU's, with 1 and 4 sequences
 #   rpc    llama.cpp's RPC backend with TQ caches: a CUDA ggml-rpc-server on loopback, the client seeing no local GPU
 #          (-ngl 99 puts the layers and their KV cache on the remote device); PPL against the local GPU run
+#   kbias  a K bias before RoPE (Qwen2, issue 44): 4-layer qwen2 synthetic models (head 128, byte vocabulary) without
+#          and with a bias 10x the key norm on all / slow / fast RoPE pairs; KLD against the GPU f16 run at -c 1024 and
+#          16384 for every cache type, tq3 / tq4 also with LLAMA_TQ_KEY_BIAS_DISABLE=1 (the bias kept in the keys);
+#          GPU against CPU (-ub 512: f16 keys with the bias added; -ub 8: the per-head mask); kbias.tsv
+#   kbias8b  the 8B shape as qwen2 with and without a K bias: llama-bench tg128 / pp512 at depths 0 and 32768,
+#          f16 / tq3 / tq4, rounds interleaved (KB_REPS), kbias8b.md
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
 set -uo pipefail
@@ -416,6 +422,72 @@ stage_rpc() {
         done
     done
     kill "$pid"
+    return "$rc"
+}
+
+kbias_models() {
+    local m name b pl
+    for m in q0:0:all q10all:10:all q10slow:10:slow q10fast:10:fast; do
+        IFS=: read -r name b pl <<< "$m"
+        [ -f "$W/$name.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/$name.gguf" \
+            --arch qwen2 --n-layer 4 --n-embd 1024 --n-head 8 --n-head-kv 2 --n-ff 2816 --n-ctx 32768 --byte-vocab \
+            --k-bias "$b" --k-bias-pairs "$pl" > /dev/null || return 1
+    done
+    head -c 100000 .gpu/wiki.test.raw > "$W/text100k.txt" # 4 chunks of 16384 byte tokens
+}
+
+stage_kbias() {
+    kbias_models || return 1
+    local out="$RES/kbias.tsv" name c base t k v env log rc=0
+    printf 'model\tctx\tK\tV\tbias\tngl\tub\tkld\tsame_top\n' > "$out"
+    run_kld() { # name ctx k v bias(removed|kept) ngl ub
+        log="$RES/kb_$1_c$2_$3_$4_$5_ngl$6_ub$7.log"
+        env=()
+        [ "$5" = kept ] && env=(LLAMA_TQ_KEY_BIAS_DISABLE=1)
+        env "${env[@]}" "$bin/llama-perplexity" -m "$W/$1.gguf" -f "$W/text100k.txt" -c "$2" -b 512 -ub "$7" \
+            --chunks 4 -fa on -ngl "$6" -t "$(nproc)" -ctk "$3" -ctv "$4" --kl-divergence-base "$W/kb_$1_$2.kld" \
+            --kl-divergence > "$log" 2>&1 || rc=1
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" "$(sed -n 's/^Mean *KLD: *\([-0-9.]*\).*/\1/p' "$log")" \
+            "$(sed -n 's/^Same top p: *\([0-9.]*\).*/\1/p' "$log")" | tee -a "$out"
+    }
+    for c in 1024 16384; do
+        for name in q0 q10all q10slow q10fast; do
+            "$bin/llama-perplexity" -m "$W/$name.gguf" -f "$W/text100k.txt" -c "$c" -b 512 --chunks 4 -fa on -ngl 99 \
+                --kl-divergence-base "$W/kb_${name}_$c.kld" > "$RES/kb_${name}_c${c}_base.log" 2>&1 || rc=1
+            for t in tq3:tq3 tq4:tq4 q4_0:q4_0 q8_0:q8_0 tq3:f16 f16:tq3 tq4:tq3; do
+                k=${t%:*} v=${t#*:}
+                run_kld "$name" "$c" "$k" "$v" removed 99 512
+                if [ "$name" != q0 ] && [[ "$k" == tq* ]]; then
+                    run_kld "$name" "$c" "$k" "$v" kept 99 512
+                fi
+            done
+        done
+    done
+    for ub in 512 8; do # GPU against CPU, each way of adding the bias back
+        for ngl in 99 0; do
+            run_kld q10all 1024 tq3 tq3 removed "$ngl" "$ub"
+        done
+    done
+    return "$rc"
+}
+
+stage_kbias8b() {
+    local b r name kv rc=0
+    for b in 0 10; do
+        [ -f "$W/q8b_$b.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/q8b_$b.gguf" \
+            --arch qwen2 --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-vocab 32000 \
+            --n-ctx 40960 --k-bias "$b" > /dev/null || return 1
+    done
+    : > "$RES/kbias8b.md"
+    for r in $(seq "${KB_REPS:-3}"); do
+        for kv in f16 tq3 tq4; do
+            for name in q8b_0 q8b_10; do
+                echo "round $r $name $kv" >> "$RES/kbias8b.md"
+                "$bin/llama-bench" -m "$W/$name.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d 0,32768 -r 1 -ctk "$kv" \
+                    -ctv "$kv" -o md 2>> "$RES/kbias8b.err" | tee -a "$RES/kbias8b.md" || rc=1
+            done
+        done
+    done
     return "$rc"
 }
 
