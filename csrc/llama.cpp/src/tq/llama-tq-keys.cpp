@@ -70,8 +70,9 @@ public:
     const std::vector<llama_kv_cells> * cells = nullptr;
     int64_t n_stream = 1;
     ggml_tensor * cell_pos = nullptr;   // I32 [n_kv * streams]
-    ggml_tensor * pair_rope = nullptr;  // T: F32 [D, 1, n_kv * streams], made by the first layer that needs it
+    ggml_tensor * pair_rope = nullptr;  // T * kq_scale: F32 [D, n_kv, 1, streams], made by the first layer needing it
     int32_t pair_rope_params[16] = {};  // the RoPE it was made with
+    float pair_rope_scale = 0.0f;       // and the scale (T times kq_scale)
     std::map<int32_t, const ggml_tensor *> add_back;  // layers whose keys attention reads with b added: their RoPE
 };
 
@@ -719,21 +720,27 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
             ggml_set_input(in->cell_pos);
         }
         if (rows * H <= L.n) {  // the per-head products are no larger than one f32 copy of the keys
-            const bool same = in->pair_rope != nullptr && std::memcmp(in->pair_rope_params, k->op_params, sizeof(in->pair_rope_params)) == 0;
+            // T(p) * kq_scale, once per graph (layers with the same RoPE and scale share it)
+            const bool same = in->pair_rope != nullptr && in->pair_rope_scale == kq_scale &&
+                              std::memcmp(in->pair_rope_params, k->op_params, sizeof(in->pair_rope_params)) == 0;
             ggml_tensor * tab = same ? in->pair_rope : nullptr;
             if (tab == nullptr) {
                 ggml_tensor * pat = ggml_view_3d(ctx, L.t, head_dim, 1, 1, head_dim * f, head_dim * f, ROW_PAIR * L.n * f);
                 tab = rope_like(ctx, ggml_repeat_4d(ctx, pat, head_dim, 1, n_kv * n_str, 1), in->cell_pos, k);
+                tab = ggml_scale(ctx, ggml_reshape_4d(ctx, tab, head_dim, n_kv, 1, n_str), kq_scale);
                 if (in->pair_rope == nullptr) {
                     in->pair_rope = tab;
+                    in->pair_rope_scale = kq_scale;
                     std::memcpy(in->pair_rope_params, k->op_params, sizeof(in->pair_rope_params));
                 }
             }
-            ggml_tensor * qb = heads_times(ctx, L.mb, q);  // [D, T, H]
-            qb = n_str == 1 ? ggml_reshape_4d(ctx, qb, head_dim, rows, H, 1)
-                            : ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, qb, head_dim, rows, n_str, H), 0, 1, 3, 2));
-            ggml_tensor * beta = ggml_mul_mat(ctx, ggml_reshape_4d(ctx, tab, head_dim, n_kv, 1, n_str), qb);
-            beta = ggml_scale(ctx, beta, kq_scale);  // [n_kv, rows, H, streams]
+            ggml_tensor * qb = heads_times(ctx, L.mb, q);  // [D, T, H]: T = rows x streams, each stream's rows
+            if (n_str > 1) {
+                qb = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, qb, head_dim, rows, n_str, H), 0, 1, 3, 2));
+            }
+            // one product per stream: [n_kv, rows x H] (no broadcast over the heads: T is read once)
+            ggml_tensor * beta = ggml_mul_mat(ctx, tab, ggml_reshape_4d(ctx, qb, head_dim, rows * H, 1, n_str));
+            beta = ggml_reshape_4d(ctx, beta, n_kv, rows, H, n_str);
             *kq_mask = ggml_add(ctx, mask->type == GGML_TYPE_F32 ? beta : ggml_cast(ctx, beta, mask->type), mask);
         } else {
             in->add_back[il] = k;
@@ -793,7 +800,8 @@ ggml_tensor * llama_tq_keys::attn_keys(ggml_context * ctx, llm_graph_result * re
     const layer & L = *find(il);
     const size_t f = sizeof(float);
     const int64_t hkv = k->ne[1], n = k->ne[2] * k->ne[3];
-    // R(p) b at each cell, in the stored keys' basis (the centering's shift needs nothing: softmax ignores it)
+    // R(p) b at each cell, in the stored keys' basis (the centering's shift needs nothing: softmax ignores it); the sum
+    // in f32 (the CPU dequantizes TQ rows to f32 only), read by attention as f16
     ggml_tensor * b = ggml_view_3d(ctx, const_cast<ggml_tensor *>(L.kb), head_dim, hkv, 1, head_dim * f, L.n * f, L.kb_off * f);
     ggml_tensor * rb = rope_like(ctx, ggml_repeat_4d(ctx, b, head_dim, hkv, n, 1), in->cell_pos, it->second);
     if (equalize) {
