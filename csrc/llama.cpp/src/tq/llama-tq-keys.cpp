@@ -427,7 +427,10 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
 
 void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa) {
     if (center || equalize) {
-        layers[il] = layer{il, n_embd_k_gqa, buft, nullptr, {}};
+        layer & L = layers[il];
+        L.il = il;
+        L.n = n_embd_k_gqa;
+        L.buft = buft;
     }
 }
 
@@ -458,6 +461,7 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
             L.kb = bt;
             L.kb_off = off;
             kb_vals[il].assign(all.begin() + off, all.begin() + off + L.n);
+            L.b = kb_vals[il];
         }
     }
     kbias = !kb_vals.empty();
@@ -710,6 +714,11 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
     ggml_tensor * unbiased = L.mb != nullptr && kq_mask != nullptr && *kq_mask != nullptr && k_rot == nullptr
                                  ? rope_without_bias(ctx, k, L.kb, L.kb_off) : nullptr;
     if (unbiased != nullptr) {
+        {
+            std::lock_guard<std::mutex> lock(mu_host_mutex);  // for true_keys (TriAttention's fold threads)
+            std::memcpy(rope_host, k->op_params + 5, 2 * sizeof(float));
+            std::memcpy(rope_host + 2, k->op_params + 8, sizeof(float));
+        }
         ggml_tensor * mask = *kq_mask;
         auto * in = input();
         const int64_t n_kv = mask->ne[0], rows = mask->ne[1], n_str = mask->ne[3], H = q->ne[1];
@@ -1034,7 +1043,7 @@ ggml_tensor * llama_tq_keys::from_true(ggml_context * ctx, ggml_tensor * cur, in
     return cur;
 }
 
-void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, float * rows, int64_t n_rows) const {
+void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, const int32_t * pos, float * rows, int64_t n_rows) const {
     ensure_basis();
     const layer * lp = find(il);
     if (lp == nullptr) {
@@ -1078,6 +1087,28 @@ void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, float * rows, int
         }
         for (int64_t c = 0; c < L.n; ++c) {
             x[c] = x[c] / L.s[c] + mu[c];
+        }
+    }
+    float rope[3];
+    {
+        std::lock_guard<std::mutex> lock(mu_host_mutex);
+        std::memcpy(rope, rope_host, sizeof(rope));
+    }
+    if (L.b.empty() || pos == nullptr || rope[0] <= 0.0f) {
+        return;
+    }
+    const int64_t D = head_dim, np = D / 2;
+    for (int64_t r = 0; r < n_rows; ++r) {  // + R(p) b: pair i turns by p * freq_scale * base^(-2i/D)
+        float * x = rows + r * L.n;
+        for (int64_t i = 0; i < np; ++i) {
+            const double th = (double) pos[r] * rope[1] * std::pow((double) rope[0], -2.0 * (double) i / (double) D);
+            const float cs = (float) std::cos(th) * rope[2], sn = (float) std::sin(th) * rope[2];
+            const int64_t a = rope_neox ? i : 2 * i, c = rope_neox ? i + np : 2 * i + 1;
+            for (int64_t h = 0; h < L.n / D; ++h) {
+                const float ba = L.b[(size_t) (h * D + a)], bc = L.b[(size_t) (h * D + c)];
+                x[h * D + a] += ba * cs - bc * sn;
+                x[h * D + c] += ba * sn + bc * cs;
+            }
         }
     }
 }

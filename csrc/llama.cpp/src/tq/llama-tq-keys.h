@@ -111,8 +111,9 @@ public:
     ggml_tensor * from_true(ggml_context * ctx, ggml_tensor * cur, int32_t il) const;
 
     // Host: rows of stored keys (n_embd_k_gqa floats each, upstream's rotation already undone) back to true keys,
-    // row r with sequence seq[r]'s mean (its cell's first sequence) (TriAttention scores true keys).
-    void true_keys(int32_t il, const int32_t * seq, float * rows, int64_t n_rows) const;
+    // row r with sequence seq[r]'s mean (its cell's first sequence) and, where a K bias was kept out, R(pos[r]) b
+    // (TriAttention scores true keys; the host RoPE follows the graph's frequencies, without YaRN's ramp).
+    void true_keys(int32_t il, const int32_t * seq, const int32_t * pos, float * rows, int64_t n_rows) const;
 
     // State: after a stream's cells; seq -1: every sequence's mu, else that sequence's (restored into seq). cells:
     // per stream (a restore in another key basis is refused where other sequences hold keys).
@@ -136,6 +137,7 @@ private:
         const ggml_tensor * kb = nullptr;  // the model's K bias (or fused QKV bias) when it is removed, else null
         int64_t kb_off = 0;                // K's first element in it
         ggml_tensor * mb = nullptr;        // F32 [D, D, n_head_kv]: q -> qb, qb . T(p) = q . R(p) b
+        std::vector<float> b;              // host copy of the K bias (true_keys)
     };
     enum mat_id { MAT_A, MAT_INV_T, MAT_INV };
     ggml_tensor * mat(ggml_context * ctx, const layer & L, mat_id m) const;
@@ -171,6 +173,7 @@ private:
     std::vector<ggml_context *> ctxs;
     std::vector<ggml_backend_buffer_t> bufs;
     uint32_t n_seq = 1;
+    mutable float rope_host[3] = {0.0f, 0.0f, 0.0f};  // the graph's K RoPE: freq_base, freq_scale, attn_factor
     mutable std::vector<uint8_t> mu_ready;  // per sequence: its mu is set (graph inputs set it, hence mutable)
     mutable ggml_tensor * shift_seq = nullptr;  // the K-shift graph's cell -> sequence input (while it is built)
     // host copies of each layer's mu table for true_keys, filled on first use: TriAttention's folds call it per chunk

@@ -614,13 +614,16 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
     auto fold_range = [&](size_t r0, size_t r1) {
         std::vector<float> cacc, keys;  // per chunk, reused across the thread's chunks
         std::vector<int32_t> seqs;      // each cell's first sequence: whose key mean its key was centered on
+        std::vector<int32_t> poss;      // each cell's position (a K bias kept out of the keys comes back there)
         for (size_t t0 = r0; t0 < r1; t0 += 16) {
             const size_t t1 = std::min(r1, t0 + 16);
             const size_t m = t1 - t0;
             cacc.assign(m * c_pairs, 0.0f);
             seqs.assign(m, -1);
+            poss.resize(m);
             for (size_t t = t0; t < t1; ++t) {
                 std::fill_n(record(fk, g.cells[todo[t]]), rec_floats, 0.0f);
+                poss[t - t0] = g.pos[todo[t]];
                 for (uint32_t s = 0; s < n_seq_max && seqs[t - t0] < 0; ++s) {
                     seqs[t - t0] = kc.seq_has(g.cells[todo[t]], (llama_seq_id) s) ? (int32_t) s : -1;
                 }
@@ -645,7 +648,7 @@ void llama_triatt::fold(const gathered & g, const llama_kv_cells & kc) {
                     }
                 }
                 // scores are computed on the true keys
-                kv->get_tq_keys().true_keys(L.ls->il, seqs.data(), keys.data(), (int64_t) m);
+                kv->get_tq_keys().true_keys(L.ls->il, seqs.data(), poss.data(), keys.data(), (int64_t) m);
                 const size_t np = (size_t) L.ls->head_dim / 2;
                 for (size_t c = 0; c < m; ++c) {
                     float * z = record(fk, g.cells[todo[t0 + c]]) + L.ls->z_off;
