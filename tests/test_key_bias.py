@@ -102,3 +102,45 @@ def test_synth_writes_the_k_bias(tmp_path: Path, pairs: str) -> None:
     slow = 1e6 ** (-2.0 * i / HEAD) * 1024 <= 1.0
     off = {"all": np.zeros(HEAD, bool), "slow": ~slow, "fast": slow}[pairs]
     assert np.all(b[:, off] == 0.0) and np.all(b[:, ~off] != 0.0)
+
+
+def test_slot_state_records_the_k_bias(tmp_path: Path, biased: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server decodes with the bias added back through the mask; a slot saved with the bias kept out of its
+    keys restores to the same answer, and a server that keeps the bias in its keys refuses it (state flag 16)."""
+    import urllib.error
+
+    from server_util import llama_server, post
+
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    args = [
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "-t",
+        "2",
+        "-fa",
+        "on",
+        "-ctk",
+        "tq3",
+        "-ctv",
+        "tq3",
+        "--slot-save-path",
+        str(slots),
+    ]
+    prompt = {"prompt": "The capital of France is Paris. The capital of Germany is", "n_predict": 8, "temperature": 0,
+              "cache_prompt": True}  # fmt: skip
+    with llama_server(args, tmp_path / "removed.log", model=biased) as port:
+        want = post(port, "/completion", prompt)["content"]
+        post(port, "/slots/0?action=save", {"filename": "s.bin"})
+        post(port, "/slots/0?action=erase", {})
+        assert int(post(port, "/slots/0?action=restore", {"filename": "s.bin"})["n_restored"]) > 0  # type: ignore[call-overload]
+        assert post(port, "/completion", prompt)["content"] == want
+    monkeypatch.setenv("LLAMA_TQ_KEY_BIAS_DISABLE", "1")
+    log = tmp_path / "kept.log"
+    with llama_server(args, log, model=biased) as port:
+        with pytest.raises(urllib.error.HTTPError):
+            post(port, "/slots/0?action=restore", {"filename": "s.bin"})
+        assert post(port, "/completion", {**prompt, "cache_prompt": False})["content"] is not None
+    assert "K bias removed 0" in log.read_text(), log.read_text()[-3000:]
