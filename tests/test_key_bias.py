@@ -81,6 +81,22 @@ def test_k_bias_comes_back_exactly(biased: Path, text: Path, base: Path, fa: str
     assert 0.0 <= kld < 0.5 * kld_kept, (kld, kld_kept)
 
 
+@pytest.mark.parametrize("ub", ["512", "32"])
+def test_k_bias_with_a_stream_per_sequence(biased: Path, text: Path, tmp_path: Path, ub: str) -> None:
+    """Four sequences at once (-c 128 -b 512), each in its own stream (--no-kv-unified): the products of the mask
+    way (-ub 32: 8 rows a stream) and the f16 keys (-ub 512) follow each stream's cells; KLD as with one stream."""
+    ctx = ("-c", "128", "-b", "512", "--chunks", "8")
+    base = tmp_path / "f16.kld"
+    _perplexity(biased, text, *ctx, "-fa", "on", "--kl-divergence-base", str(base))
+    got: dict[tuple[str, bool], float] = {}
+    for streams in ("--no-kv-unified", "--kv-unified"):
+        for env in ({}, {"LLAMA_TQ_KEY_BIAS_DISABLE": "1"}):
+            flags = (*ctx, "-fa", "on", "-ub", ub, streams, "-ctk", "tq3", "-ctv", "tq3")
+            got[streams, bool(env)] = _kld(biased, text, base, *flags, env=env)[0]
+    assert got["--no-kv-unified", False] < 0.5 * got["--no-kv-unified", True], got
+    assert got["--no-kv-unified", False] == pytest.approx(got["--kv-unified", False], rel=0.1), got
+
+
 def test_zero_bias_costs_nothing(tmp_path: Path, text: Path) -> None:
     """A zero K bias is not removed (nothing to remove: no mask products, no f16 keys)."""
     log = _perplexity(_model(tmp_path / "q0.gguf", 0.0), text, "-fa", "on", "-ctk", "tq3", "-ctv", "tq3")
