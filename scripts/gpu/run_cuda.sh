@@ -468,6 +468,20 @@ stage_kbias() {
             run_kld q10all 1024 tq3 tq3 removed "$ngl" "$ub"
         done
     done
+    # four sequences at once (-c 256 -b 1024), one unified stream or a stream each
+    local streams p4=("$bin/llama-perplexity" -m "$W/q10all.gguf" -f "$W/text100k.txt" -c 256 -b 1024 --chunks 8 -fa on)
+    "${p4[@]}" -ngl 99 --kl-divergence-base "$W/kb_q10all_256x4.kld" > "$RES/kb_q10all_256x4_base.log" 2>&1 || rc=1
+    for ub in 512 8; do
+        for streams in --kv-unified --no-kv-unified; do
+            for ngl in 99 0; do
+                log="$RES/kb_q10all_256x4_ub${ub}_${streams#--}_ngl$ngl.log"
+                "${p4[@]}" -ub "$ub" "$streams" -ngl "$ngl" -t "$(nproc)" -ctk tq3 -ctv tq3 \
+                    --kl-divergence-base "$W/kb_q10all_256x4.kld" --kl-divergence > "$log" 2>&1 || rc=1
+                printf 'q10all -c 256 -b 1024 -ub %-3s %-15s ngl %-2s %s\n' "$ub" "$streams" "$ngl" \
+                    "$(grep -m1 'Mean    KLD' "$log")"
+            done
+        done
+    done
     return "$rc"
 }
 
