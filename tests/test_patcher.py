@@ -47,7 +47,9 @@ def test_series_is_thin_and_generated() -> None:
     assert {d for _, d in s.files} >= {"ggml/src/tq/tq_codec.c", "ggml/src/tq/tq_codec.h"}
 
 
-UPSTREAM_LINE_BUDGET = 320  # changed lines of upstream files the series may carry (test-backend-ops excluded)
+# changed lines of upstream files the series may carry (test-backend-ops excluded); 325 since the K bias (issue 44):
+# the key transforms take the attention mask and read the keys through attn_keys (two build_attn lines)
+UPSTREAM_LINE_BUDGET = 325
 
 
 def upstream_lines_changed(series: patcher.Series) -> dict[str, int]:
