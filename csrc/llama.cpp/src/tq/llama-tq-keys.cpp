@@ -718,6 +718,7 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
             std::lock_guard<std::mutex> lock(mu_host_mutex);  // for true_keys (TriAttention's fold threads)
             std::memcpy(rope_host, k->op_params + 5, 2 * sizeof(float));
             std::memcpy(rope_host + 2, k->op_params + 8, sizeof(float));
+            L.b_out = true;
         }
         ggml_tensor * mask = *kq_mask;
         auto * in = input();
@@ -1090,11 +1091,13 @@ void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, const int32_t * p
         }
     }
     float rope[3];
+    bool b_out = false;  // only where a graph kept b out (not where the graph's shape or K rotation kept it in)
     {
         std::lock_guard<std::mutex> lock(mu_host_mutex);
         std::memcpy(rope, rope_host, sizeof(rope));
+        b_out = L.b_out;
     }
-    if (L.b.empty() || pos == nullptr || rope[0] <= 0.0f) {
+    if (!b_out || L.b.empty() || pos == nullptr || rope[0] <= 0.0f) {
         return;
     }
     const int64_t D = head_dim, np = D / 2;

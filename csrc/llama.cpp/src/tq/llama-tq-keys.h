@@ -138,6 +138,7 @@ private:
         int64_t kb_off = 0;                // K's first element in it
         ggml_tensor * mb = nullptr;        // F32 [D, D, n_head_kv]: q -> qb, qb . T(p) = q . R(p) b
         std::vector<float> b;              // host copy of the K bias (true_keys)
+        mutable bool b_out = false;        // a graph kept b out of this layer's keys (true_keys adds it back)
     };
     enum mat_id { MAT_A, MAT_INV_T, MAT_INV };
     ggml_tensor * mat(ggml_context * ctx, const layer & L, mat_id m) const;
