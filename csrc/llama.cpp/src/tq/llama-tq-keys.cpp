@@ -450,7 +450,7 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
         return;
     }
     // the K bias of each layer (the K part of a fused QKV bias): removed where it is not zero
-    std::map<int32_t, std::vector<float>> kb_vals;
+    size_t n_kb = 0;
     for (auto & [il, L] : layers) {
         const llama_layer & ml = model.layers[il];
         const ggml_tensor * bt = kbias ? (ml.wk_b ? ml.wk_b : ml.wqkv != nullptr ? ml.wqkv_b : nullptr) : nullptr;
@@ -460,11 +460,11 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
             std::any_of(all.begin() + off, all.begin() + off + L.n, [](float v) { return v != 0.0f; })) {
             L.kb = bt;
             L.kb_off = off;
-            kb_vals[il].assign(all.begin() + off, all.begin() + off + L.n);
-            L.b = kb_vals[il];
+            L.b.assign(all.begin() + off, all.begin() + off + L.n);
+            ++n_kb;
         }
     }
-    kbias = !kb_vals.empty();
+    kbias = n_kb > 0;
     std::map<ggml_backend_buffer_type_t, ggml_context *> by_buft;
     for (auto & [il, L] : layers) {
         ggml_context *& ctx = by_buft[L.buft];
@@ -525,7 +525,7 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
         }
         ggml_backend_tensor_set(L.t, pair.data(), ROW_PAIR * (size_t) L.n * sizeof(float), (size_t) L.n * sizeof(float));
         if (L.mb != nullptr) {
-            const std::vector<float> & b = kb_vals[il];
+            const std::vector<float> & b = L.b;
             const int64_t D = head_dim;
             mb.assign((size_t) (L.n * D), 0.0f);
             for (int64_t h = 0; h < L.n / D; ++h) {
@@ -547,7 +547,7 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
     }
     if (kbias) {
         LLAMA_LOG_INFO("%s: TQ keys: the K bias of %zu layers is kept out of the stored keys and added back exactly "
-                       "in attention\n", __func__, kb_vals.size());
+                       "in attention\n", __func__, n_kb);
     }
     set_center_span(model, n_pos);
     if (equalize && n_eq == 0 && !matrix) {
