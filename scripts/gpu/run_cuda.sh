@@ -42,8 +42,13 @@
 #          and with a bias 10x the key norm on all / slow / fast RoPE pairs; KLD against the GPU f16 run at -c 1024 and
 #          16384 for every cache type, tq3 / tq4 also with LLAMA_TQ_KEY_BIAS_DISABLE=1 (the bias kept in the keys);
 #          GPU against CPU (-ub 512: f16 keys with the bias added; -ub 8: the per-head mask); kbias.tsv
-#   kbias8b  the 8B shape as qwen2 with and without a K bias: llama-bench tg128 / pp512 at depths 0 and 32768,
-#          f16 / tq3 / tq4, rounds interleaved (KB_REPS), kbias8b.md
+#   kbdecode the K bias's term in the decode shape: test-backend-ops TQ_KEY_BIAS_MASK (the mask chain, CUDA vs CPU),
+#          tq3/tq3 KLD against f16 at -ub 1 (one query row) and 8, one stream and four sequences in one unified stream,
+#          GPU and CPU; KB_VARIANT_ENV (e.g. LLAMA_TQ_CUDA_KEY_BIAS_FUSE_DISABLE=1 with lab/patches/key-bias-fuse.patch)
+#          adds a GPU run with that environment; kbdecode.tsv
+#   kbias8b  the 8B shape as qwen2 with and without a K bias: llama-bench tg128 / pp512 (KB_P) at depths 0 and 32768
+#          (KB_DEPTHS), KB_TYPES (f16 tq3 tq4), with the bias also under KB_VARIANT_ENV if set, rounds interleaved
+#          (KB_REPS), kbias8b.md
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
 set -uo pipefail
@@ -485,8 +490,42 @@ stage_kbias() {
     return "$rc"
 }
 
+stage_kbdecode() {
+    kbias_models || return 1
+    local out="$RES/kbdecode.tsv" ub args tag log rc=0 variant=()
+    local kld='s/.*Mean *KLD: *\([-0-9.e]*\).*/\1/p' top='s/.*Same top p: *\([0-9.]*\).*/\1/p'
+    "$bin/test-backend-ops" -b CUDA0 -o TQ_KEY_BIAS_MASK > "$RES/kbdecode_ops.log" 2>&1 || rc=1
+    grep -E 'tests passed' "$RES/kbdecode_ops.log"
+    [ -n "${KB_VARIANT_ENV:-}" ] && read -ra variant <<< "$KB_VARIANT_ENV"
+    printf 'case\tub\trun\tkld_vs_f16\tsame_top\n' > "$out"
+    row() { # case ub run log
+        printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(sed -n "$kld" "$4")" "$(sed -n "$top" "$4")" | tee -a "$out"
+    }
+    for ub in 1 8; do
+        for args in "-c 1024 -b 1024" "-c 256 -b 1024 --kv-unified"; do
+            # shellcheck disable=SC2206  # args: a list
+            local p=("$bin/llama-perplexity" -m "$W/q10all.gguf" -f "$W/text100k.txt" $args -ub "$ub" --chunks 4 -fa on
+                     -t "$(nproc)")
+            tag="${ub}_${args// /}" log="$RES/kbd_$tag"
+            "${p[@]}" -ngl 99 --kl-divergence-base "$W/kbd_$tag.kld" > "$log.f16.log" 2>&1 || rc=1
+            local q=("${p[@]}" -ctk tq3 -ctv tq3 --kl-divergence-base "$W/kbd_$tag.kld" --kl-divergence)
+            "${q[@]}" -ngl 99 > "$log.gpu.log" 2>&1 || rc=1
+            row "$args" "$ub" gpu "$log.gpu.log"
+            if [ ${#variant[@]} -gt 0 ]; then
+                env "${variant[@]}" "${q[@]}" -ngl 99 > "$log.variant.log" 2>&1 || rc=1
+                row "$args" "$ub" "gpu ${variant[*]}" "$log.variant.log"
+            fi
+            if [ "$args" = "-c 1024 -b 1024" ]; then
+                "${q[@]}" -ngl 0 > "$log.cpu.log" 2>&1 || rc=1
+                row "$args" "$ub" cpu "$log.cpu.log"
+            fi
+        done
+    done
+    return "$rc"
+}
+
 stage_kbias8b() {
-    local b r name kv rc=0
+    local b r name kv env rc=0
     for b in 0 10; do
         [ -f "$W/q8b_$b.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/q8b_$b.gguf" \
             --arch qwen2 --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-vocab 32000 \
@@ -494,11 +533,17 @@ stage_kbias8b() {
     done
     : > "$RES/kbias8b.md"
     for r in $(seq "${KB_REPS:-3}"); do
-        for kv in f16 tq3 tq4; do
-            for name in q8b_0 q8b_10; do
-                echo "round $r $name $kv" >> "$RES/kbias8b.md"
-                "$bin/llama-bench" -m "$W/$name.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d 0,32768 -r 1 -ctk "$kv" \
-                    -ctv "$kv" -o md 2>> "$RES/kbias8b.err" | tee -a "$RES/kbias8b.md" || rc=1
+        for kv in ${KB_TYPES:-f16 tq3 tq4}; do
+            for name in q8b_0 q8b_10 q8b_10:variant; do
+                env=()
+                if [ "$name" = q8b_10:variant ]; then # KB_VARIANT_ENV's run beside the others: TQ only
+                    [[ -n "${KB_VARIANT_ENV:-}" && "$kv" == tq* ]] || continue
+                    read -ra env <<< "$KB_VARIANT_ENV"
+                fi
+                echo "round $r $name $kv ${env[*]}" >> "$RES/kbias8b.md"
+                env "${env[@]}" "$bin/llama-bench" -m "$W/${name%:variant}.gguf" -ngl 99 -fa 1 -p "${KB_P:-512}" -n 128 \
+                    -d "${KB_DEPTHS:-0,32768}" -r 1 -ctk "$kv" -ctv "$kv" -o md 2>> "$RES/kbias8b.err" |
+                    tee -a "$RES/kbias8b.md" || rc=1
             done
         done
     done
