@@ -46,6 +46,7 @@
 #          tq3/tq3 KLD against f16 at -ub 1 (one query row) and 8, one stream and four sequences in one unified stream,
 #          GPU and CPU; KB_VARIANT_ENV (e.g. LLAMA_TQ_CUDA_KEY_BIAS_FUSE_DISABLE=1 with lab/patches/key-bias-fuse.patch)
 #          adds a GPU run with that environment; kbdecode.tsv
+#   kbtrace  a decode step's kernels with and without the K bias (CUPTI trace, 8B shape, tq3, d0 and d32768)
 #   kbias8b  the 8B shape as qwen2 with and without a K bias: llama-bench tg128 / pp512 (KB_P) at depths 0 and 32768
 #          (KB_DEPTHS), KB_TYPES (f16 tq3 tq4), with the bias also under KB_VARIANT_ENV if set, rounds interleaved
 #          (KB_REPS), kbias8b.md
@@ -524,13 +525,48 @@ stage_kbdecode() {
     return "$rc"
 }
 
-stage_kbias8b() {
-    local b r name kv env rc=0
+kbias8b_models() { # the 8B shape as qwen2, without and with a K bias (the same weights)
+    local b
     for b in 0 10; do
         [ -f "$W/q8b_$b.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/q8b_$b.gguf" \
             --arch qwen2 --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-vocab 32000 \
             --n-ctx 40960 --k-bias "$b" > /dev/null || return 1
     done
+}
+
+# Where a decode step's time goes with and without the K bias: CUPTI kernel timeline of llama-bench tq3 tg at
+# depths 0 and 32768 (lab/cuda/kernel_trace.c, LD_PRELOAD), summarized per kernel by lab/cuda/kernel_trace_stats.py;
+# KB_VARIANT_ENV adds the biased model under that environment.
+stage_kbtrace() {
+    kbias8b_models || return 1
+    local inc lib so="$W/kernel_trace.so" name d env rc=0
+    inc=$(dirname "$(find / -name cupti.h -path '*include*' 2>/dev/null | head -1)")
+    lib=$(dirname "$(find / -name 'libcupti.so*' 2>/dev/null | grep -v stub | head -1)")
+    gcc -O2 -shared -fPIC -I"$inc" -o "$so" lab/cuda/kernel_trace.c -L"$lib" -lcupti || return 1
+    for d in 0 32768; do
+        for name in q8b_0 q8b_10 q8b_10:variant; do
+            env=()
+            if [ "$name" = q8b_10:variant ]; then
+                [ -n "${KB_VARIANT_ENV:-}" ] || continue
+                read -ra env <<< "$KB_VARIANT_ENV"
+            fi
+            local t="$RES/kbtrace_${name/:/_}_d$d"
+            env "${env[@]}" TRACE_OUT="$t.txt" LD_PRELOAD="$so" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" \
+                "$bin/llama-bench" -m "$W/${name%:variant}.gguf" -ngl 99 -fa 1 -p 0 -n 64 -d "$d" -r 2 -ctk tq3 \
+                -ctv tq3 -o md > "$t.bench.md" 2> "$t.err" || rc=1
+            python3 lab/cuda/kernel_trace_stats.py "$t.txt" --last 100 > "$t.md" 2>&1 || rc=1
+            rm -f "$t.txt"
+            echo "== $name d$d ${env[*]}"
+            grep tg64 "$t.bench.md"
+            head -30 "$t.md"
+        done
+    done
+    return "$rc"
+}
+
+stage_kbias8b() {
+    local r name kv env rc=0
+    kbias8b_models || return 1
     : > "$RES/kbias8b.md"
     for r in $(seq "${KB_REPS:-3}"); do
         for kv in ${KB_TYPES:-f16 tq3 tq4}; do
