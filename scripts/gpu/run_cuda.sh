@@ -493,11 +493,11 @@ stage_kbias() {
 
 stage_kbdecode() {
     kbias_models || return 1
-    local out="$RES/kbdecode.tsv" ub args tag log rc=0 variant=()
+    local out="$RES/kbdecode.tsv" ub args tag log rc=0 env
     local kld='s/.*Mean *KLD: *\([-0-9.e]*\).*/\1/p' top='s/.*Same top p: *\([0-9.]*\).*/\1/p'
     "$bin/test-backend-ops" -b CUDA0 -o TQ_KEY_BIAS_MASK > "$RES/kbdecode_ops.log" 2>&1 || rc=1
     grep -E 'tests passed' "$RES/kbdecode_ops.log"
-    [ -n "${KB_VARIANT_ENV:-}" ] && read -ra variant <<< "$KB_VARIANT_ENV"
+    kb_variant_env
     printf 'case\tub\trun\tkld_vs_f16\tsame_top\n' > "$out"
     row() { # case ub run log
         printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(sed -n "$kld" "$4")" "$(sed -n "$top" "$4")" | tee -a "$out"
@@ -512,9 +512,9 @@ stage_kbdecode() {
             local q=("${p[@]}" -ctk tq3 -ctv tq3 --kl-divergence-base "$W/kbd_$tag.kld" --kl-divergence)
             "${q[@]}" -ngl 99 > "$log.gpu.log" 2>&1 || rc=1
             row "$args" "$ub" gpu "$log.gpu.log"
-            if [ ${#variant[@]} -gt 0 ]; then
-                env "${variant[@]}" "${q[@]}" -ngl 99 > "$log.variant.log" 2>&1 || rc=1
-                row "$args" "$ub" "gpu ${variant[*]}" "$log.variant.log"
+            if [ ${#env[@]} -gt 0 ]; then
+                env "${env[@]}" "${q[@]}" -ngl 99 > "$log.variant.log" 2>&1 || rc=1
+                row "$args" "$ub" "gpu ${env[*]}" "$log.variant.log"
             fi
             if [ "$args" = "-c 1024 -b 1024" ]; then
                 "${q[@]}" -ngl 0 > "$log.cpu.log" 2>&1 || rc=1
@@ -523,6 +523,12 @@ stage_kbdecode() {
         done
     done
     return "$rc"
+}
+
+# KB_VARIANT_ENV as an array in the caller's `env` (empty when unset): the stages' extra run of the biased model
+kb_variant_env() {
+    env=()
+    [ -z "${KB_VARIANT_ENV:-}" ] || read -ra env <<< "$KB_VARIANT_ENV"
 }
 
 kbias8b_models() { # the 8B shape as qwen2, without and with a K bias (the same weights)
@@ -547,8 +553,8 @@ stage_kbtrace() {
         for name in q8b_0 q8b_10 q8b_10:variant; do
             env=()
             if [ "$name" = q8b_10:variant ]; then
-                [ -n "${KB_VARIANT_ENV:-}" ] || continue
-                read -ra env <<< "$KB_VARIANT_ENV"
+                kb_variant_env
+                [ ${#env[@]} -gt 0 ] || continue
             fi
             local t="$RES/kbtrace_${name/:/_}_d$d"
             env "${env[@]}" TRACE_OUT="$t.txt" LD_PRELOAD="$so" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" \
@@ -573,8 +579,8 @@ stage_kbias8b() {
             for name in q8b_0 q8b_10 q8b_10:variant; do
                 env=()
                 if [ "$name" = q8b_10:variant ]; then # KB_VARIANT_ENV's run beside the others: TQ only
-                    [[ -n "${KB_VARIANT_ENV:-}" && "$kv" == tq* ]] || continue
-                    read -ra env <<< "$KB_VARIANT_ENV"
+                    kb_variant_env
+                    [[ ${#env[@]} -gt 0 && "$kv" == tq* ]] || continue
                 fi
                 echo "round $r $name $kv ${env[*]}" >> "$RES/kbias8b.md"
                 env "${env[@]}" "$bin/llama-bench" -m "$W/${name%:variant}.gguf" -ngl 99 -fa 1 -p "${KB_P:-512}" -n 128 \
