@@ -4,7 +4,7 @@
 #   bash lab/patch.sh apply cuda-stamps     # in-graph timestamps of the CUDA K/V write and FA kernels (-DTQ_STAMPS)
 #   bash lab/patch.sh apply cuda-phases     # clock stamps at the quantizer's and the FA kernel's phases
 #   bash lab/patch.sh apply keys-measuring  # LLAMA_TQ_KEYS_EMULATE / _TEST_OFFSET / _BASIS_SHRINK in libllama
-#   bash lab/patch.sh apply key-bias-fuse   # draft: the K bias's decode mask term fused on CUDA (two kernels)
+#   bash lab/patch.sh apply key-bias-fuse   # draft: the K bias's decode mask term fused on CUDA (one kernel)
 #   bash lab/patch.sh revert NAME           # exactly undo it
 #   bash lab/patch.sh check NAME            # does it apply?
 # git apply changes nothing when a patch does not apply.
