@@ -1,0 +1,299 @@
+"""Issue 47, gate 1: would 3-bit-class keys that spend their bits where the query-weighted energy is beat tq3's key
+error by enough (a <= 0.75)? Offline, on the default model's real post-RoPE Q/K of its global layers.
+
+Per global layer (one KV head on this model) it measures
+- the weighted energy of each RoPE pair, x_i = sqrt(E[q_i^2] E[k_i^2]) summed over the pair's two channels (after
+  the key mean is removed), from a calibration span of the capture and from the q/k norm gains alone; x does not
+  change under the diagonal equalization tq3 keys get, so the allocation can be read in either domain;
+- the Gaussian prediction: logit error of one rotated uniform code, (sum x)^2 / N 2^-2R, against reverse
+  water-filling over the channels, sum min(theta, x_i^2) at the same R = 3 bits (a_pred = the square root of the
+  ratio);
+- a concrete block scheme: the pairs sorted by x and cut into groups of 16, 32, 64 or 128 pairs (32..256 channels),
+  each group rotated by its own random-sign Hadamard transform and coded as the codec codes a block (Lloyd-Max
+  levels of a Gaussian at 0..5 bits, a 4-bit multiplier per 32 values, a least-squares bf16 scale; nothing for 0
+  bits), the widths chosen by dynamic programming on the calibration's predicted error within 3.25 bits a value in
+  all (scales and multipliers included), the grouping the best of every cut; keys with the mean removed and tq3's
+  equalization, as tq3 keys are stored;
+- the query-weighted key error of each, E[(q . (k_hat - k))^2] over the evaluation span's real queries and keys
+  (exactly: the trace of the queries' second moment times the errors'), as a = sqrt(error / tq3's error), tq3 being
+  the real codec with the shipped transforms; the same scheme at one width (two 128-channel groups of 3 bits: tq3's
+  layout in this emulation) shows what the emulated quantizer itself gives away.
+
+    python lab/key_allocation.py [--tokens 16384] [--cal 2048] [--out out/lab]
+
+Writes key_allocation.json (gate1_a per global layer, the widths, bits per value) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from llama_tq.harness.demo import default_text
+from llama_tq.models import default_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+kt = importlib.import_module("key_transforms")  # the capture, tq(), the equalization
+
+WIDTHS = range(6)  # bits per coordinate a group may get
+NORM_BITS = 16  # a bf16 scale per coded group
+SUB = 32  # values a sub-block multiplier covers: 4 bits each, as the codec's header (csrc/codec/tq_codec.h)
+SUBSCALE = 0.6 * (1.5 / 0.6) ** (np.arange(16) / 15)  # the codec's multipliers (TQ_SUBSCALE)
+PAIR_UNIT = 16  # group sizes are 1, 2, 4 or 8 of these (16..128 pairs)
+
+
+def lloyd_max(bits: int, n: int = 400_000, iters: int = 80) -> tuple[np.ndarray, float]:
+    """Levels of the Lloyd-Max quantizer of a unit Gaussian and its distortion (0 bits: the mean, distortion 1)."""
+    x = np.sort(np.random.default_rng(1).standard_normal(n))
+    if bits == 0:
+        return np.zeros(1), float(np.mean(x**2))
+    levels = 1 << bits
+    c = np.quantile(x, (np.arange(levels) + 0.5) / levels)
+    for _ in range(iters):
+        idx = np.searchsorted((c[1:] + c[:-1]) / 2, x)
+        c = np.bincount(idx, weights=x, minlength=levels) / np.maximum(np.bincount(idx, minlength=levels), 1)
+    idx = np.searchsorted((c[1:] + c[:-1]) / 2, x)
+    return c, float(np.mean((x - c[idx]) ** 2))
+
+
+CODEBOOKS = {b: lloyd_max(b) for b in WIDTHS}
+
+
+def hadamard(n: int, seed: int) -> np.ndarray:
+    """Orthonormal Sylvester Hadamard of size n (a power of 2) with random signs on its input: a fixed rotation."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=n)
+    return (h * signs[None, :]) / np.sqrt(n)  # y = H x
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """Round to bfloat16 (nearest even), as a stored scale."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def code_group(x: np.ndarray, bits: int, seed: int) -> np.ndarray:
+    """One group's keys [T, n] through the block code: rotation, Lloyd-Max of the coordinates at unit RMS, a fitted
+    scale, back. 0 bits: the group decodes to zero."""
+    if bits == 0:
+        return np.zeros_like(x)
+    n = x.shape[1]
+    h = hadamard(n, seed)
+    y = x @ h.T
+    rms = np.linalg.norm(y, axis=1) / np.sqrt(n)
+    c, _ = CODEBOOKS[bits]
+    u = y / np.maximum(rms, 1e-30)[:, None]
+    # each sub-block of SUB values takes the multiplier of the codebook with the least squared error (as the codec)
+    best_err = np.full((u.shape[0], n // SUB), np.inf)
+    uq = np.zeros_like(u)
+    for m in SUBSCALE:
+        cand = m * c[np.searchsorted(m * (c[1:] + c[:-1]) / 2, u)]
+        err = ((u - cand) ** 2).reshape(u.shape[0], n // SUB, SUB).sum(axis=2)
+        take = err < best_err
+        best_err = np.where(take, err, best_err)
+        uq = np.where(np.repeat(take, SUB, axis=1), cand, uq)
+    # the stored scale: the least-squares fit of the levels to the rotated key (one bf16 value a group)
+    scale = bf16(np.sum(y * uq, axis=1) / np.maximum(np.sum(uq * uq, axis=1), 1e-30))
+    return (uq * scale[:, None]) @ h
+
+
+def side_bits(n: int) -> int:
+    """A coded group's side data: its bf16 scale and a 4-bit multiplier per sub-block."""
+    return NORM_BITS + 4 * (n // SUB)
+
+
+def groupings(n_pairs: int) -> list[tuple[int, ...]]:
+    """Every cut of the sorted pairs into runs of 1, 2, 4 or 8 units of PAIR_UNIT pairs."""
+    units = n_pairs // PAIR_UNIT
+    out: list[tuple[int, ...]] = []
+
+    def rec(left: int, acc: tuple[int, ...]) -> None:
+        if left == 0:
+            out.append(acc)
+            return
+        for p in (1, 2, 4, 8):
+            if p <= left:
+                rec(left - p, (*acc, p * PAIR_UNIT))
+
+    rec(units, ())
+    return out
+
+
+def allocate(qe: np.ndarray, ke: np.ndarray, sizes: tuple[int, ...], budget: int) -> tuple[float, list[int]]:
+    """Widths for groups (channel energies qe, ke of the groups' channels, in order) minimizing the predicted
+    logit error sum_g Q_g (K_g / n_g) D(b_g) within budget bits a key: dynamic programming over the bits used."""
+    opts = []
+    at = 0
+    for p in sizes:
+        n = 2 * p
+        qg, kg = qe[at : at + n].sum(), ke[at : at + n].sum()
+        at += n
+        opts.append([(b, n * b + (side_bits(n) if b else 0), qg * kg / n * CODEBOOKS[b][1]) for b in WIDTHS])
+    best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}
+    for o in opts:
+        nxt: dict[int, tuple[float, list[int]]] = {}
+        for used, (err, ws) in best.items():
+            for b, cost, e in o:
+                u = used + cost
+                if u <= budget and (u not in nxt or nxt[u][0] > err + e):
+                    nxt[u] = (err + e, [*ws, b])
+        best = nxt
+    return min(best.values(), key=lambda t: t[0])
+
+
+def scheme(base: np.ndarray, order: np.ndarray, sizes: tuple[int, ...], widths: list[int], seed: int) -> np.ndarray:
+    """Keys [T, D] (stored domain) through the grouped code: group g = both channels (NEOX: i, i + D/2) of the next
+    sizes[g] pairs of order, coded at widths[g] bits."""
+    d = base.shape[1]
+    out = np.zeros_like(base)
+    at = 0
+    for g, (p, b) in enumerate(zip(sizes, widths, strict=True)):
+        sel = order[at : at + p]
+        ch = np.concatenate([sel, sel + d // 2])
+        out[:, ch] = code_group(base[:, ch], b, seed=seed + g)
+        at += p
+    return out
+
+
+def group_sums(e: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """Channel energies e (pairs in order, then their partners) regrouped: each group's pairs, then their partners."""
+    half = e.size // 2
+    starts = itertools.accumulate((0, *sizes[:-1]))
+    return np.concatenate(
+        [np.concatenate([e[a : a + p], e[half + a : half + a + p]]) for a, p in zip(starts, sizes, strict=True)]
+    )
+
+
+def reverse_waterfill(var: np.ndarray, rate: float) -> float:
+    """Sum of min(theta, var_i) with sum max(0, log2(var_i / theta) / 2) = rate * N (Gaussian channels)."""
+    v = var[var > 0]
+    lo, hi = np.log2(v.min()) - 60, np.log2(v.max())
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        r = np.maximum(0.0, 0.5 * (np.log2(v) - mid)).sum()
+        lo, hi = (mid, hi) if r > rate * var.size else (lo, mid)
+    theta = 2.0**hi
+    return float(np.minimum(theta, var).sum())
+
+
+def logit_error(cq: np.ndarray, err: np.ndarray) -> float:
+    """E over queries and keys of (q . e)^2 = trace(C_q C_e)."""
+    return float(np.sum(cq * (err.T @ err) / err.shape[0]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--text", type=Path, default=None, help="default: the demo's embedded text")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--cal", type=int, default=2048, help="calibration tokens (mean, energies, widths)")
+    ap.add_argument("--bpv", type=float, default=3.25, help="bits a key value, side data included")
+    ap.add_argument("--out", type=Path, default=Path("out/lab"))
+    args = ap.parse_args()
+    model = args.model or default_model()
+    text = args.text.read_text(errors="replace") if args.text else default_text()
+    t0 = time.time()
+    reader = gguf.GGUFReader(str(model))
+    n_layer = int(reader.fields["gemma3.block_count"].parts[-1][0])
+    glob = [il for il in range(n_layer) if (il + 1) % 6 == 0]  # Gemma 3: every 6th layer is global
+    kt.WANT = re.compile(r"^[QK]cur-(" + "|".join(map(str, glob)) + r")$")
+    cap = kt.capture(model, text, args.tokens)
+    tens = {t.name: np.array(t.data, dtype=np.float64) for t in reader.tensors if "norm" in t.name}
+    cal = slice(0, args.cal)
+    ev = slice(args.cal, args.tokens)
+    rows = []
+    for il in glob:
+        q = cap[f"Qcur-{il}"].astype(np.float64)  # [T, Hq, D]
+        k = cap[f"Kcur-{il}"].astype(np.float64)  # [T, Hkv, D]
+        d, hq, hkv = k.shape[2], q.shape[1], k.shape[1]
+        gq, gk = tens[f"blk.{il}.attn_q_norm.weight"], tens[f"blk.{il}.attn_k_norm.weight"]
+        s = kt.eq_scale(kt.pair_mean(gq**2), kt.pair_mean(gk**2))  # tq3's equalization (from the weights)
+        for h in range(hkv):
+            qh = q[:, h * (hq // hkv) : (h + 1) * (hq // hkv)]
+            kh = k[:, h]
+            mu = kh[cal].mean(axis=0)
+            kc = kh - mu
+            # energies in the stored domain (centered, equalized): q' = q / s, k' = (k - mu) s
+            qe = ((qh[cal] / s) ** 2).mean(axis=(0, 1))
+            ke = ((kc[cal] * s) ** 2).mean(axis=0)
+            x = np.sqrt(qe * ke)  # per channel; per pair below (NEOX: i, i + D/2)
+            xw = np.sqrt((gq**2 / s**2) * (gk**2 * s**2))  # from the gains alone
+            pair_x = x[: d // 2] + x[d // 2 :]
+            pred_uniform = x.sum() ** 2 / d * 2.0**-6
+            pred_rw = reverse_waterfill(x**2, 3.0)
+            dead = int(np.sum(xw < 0.01 * xw.max()))
+            # the evaluation: queries (every head, the evaluation span) against the evaluation keys
+            qv = qh[ev].reshape(-1, d)
+            cq = qv.T @ qv / qv.shape[0]
+            kv = kh[ev]
+            base = (kv - mu) * s
+            err_tq3 = logit_error(cq, kt.tq(base, "tq3") / s + mu - kv)
+            mse_tq3 = float(np.mean((kt.tq(base, "tq3") / s + mu - kv) ** 2))
+
+            budget = int(args.bpv * d)
+            results = {}
+            for src, px in (("calibration", pair_x), ("weights", xw[: d // 2] + xw[d // 2 :])):
+                order = np.argsort(-px)
+                qe_o = np.concatenate([qe[order], qe[order + d // 2]])
+                ke_o = np.concatenate([ke[order], ke[order + d // 2]])
+                best: tuple[float, tuple[int, ...], list[int]] | None = None
+                for sizes in groupings(d // 2):
+                    err, ws = allocate(group_sums(qe_o, sizes), group_sums(ke_o, sizes), sizes, budget)
+                    if best is None or err < best[0]:
+                        best = (err, sizes, ws)
+                assert best is not None
+                _, sizes, ws = best
+                kq = scheme(base, order, sizes, ws, 1000 * il) / s + mu
+                bits = sum(2 * p * b + (side_bits(2 * p) if b else 0) for p, b in zip(sizes, ws, strict=True))
+                results[src] = {
+                    "a": float(np.sqrt(logit_error(cq, kq - kv) / err_tq3)),
+                    "mse_ratio": float(np.mean((kq - kv) ** 2) / mse_tq3),
+                    "groups_pairs": list(sizes), "widths": ws, "bpv": bits / d,
+                    "zero_bit_channels": int(sum(2 * p for p, b in zip(sizes, ws, strict=True) if b == 0)),
+                }  # fmt: skip
+            # the emulation's own handicap: tq3's layout (two groups of 128 channels in channel order, 3 bits)
+            lay = np.arange(d // 2)
+            ku = scheme(base, lay, (64, 64), [3, 3], 1000 * il) / s + mu
+            row = {
+                "layer": il, "kv_head": h,
+                "a_pred_waterfill": float(np.sqrt(pred_rw / pred_uniform)),
+                "dead_channels_weights": dead,
+                "a_uniform_emulated": float(np.sqrt(logit_error(cq, ku - kv) / err_tq3)),
+                "tq3_logit_err": err_tq3, "tq3_mse": mse_tq3,
+                "scheme_calibration": results["calibration"], "scheme_weights": results["weights"],
+            }  # fmt: skip
+            rows.append(row)
+            print(f"  layer {il} head {h}: {time.time() - t0:.0f} s", file=sys.stderr)
+    print(f"\n{'layer':>5s} {'a_pred':>7s} {'uniform(emul)':>14s} {'a (cal widths)':>15s} {'a (weight widths)':>18s}"
+          f" {'bpv':>5s}  widths (pairs:bits)")  # fmt: skip
+    for r in rows:
+        c, w = r["scheme_calibration"], r["scheme_weights"]
+        desc = " ".join(f"{p}:{b}" for p, b in zip(c["groups_pairs"], c["widths"], strict=True))
+        print(f"{r['layer']:5d} {r['a_pred_waterfill']:7.3f} {r['a_uniform_emulated']:14.3f} {c['a']:15.3f}"
+              f" {w['a']:18.3f} {c['bpv']:5.2f}  {desc}")  # fmt: skip
+    gate = {str(r["layer"]): r["scheme_calibration"]["a"] for r in rows}
+    passed = all(v <= 0.75 for v in gate.values())
+    print(f"\ngate 1 (a <= 0.75 on every global layer): {'PASS' if passed else 'FAIL'} {gate}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": model.name, "tokens": args.tokens, "cal": args.cal, "bpv_budget": args.bpv,
+            "text": str(args.text) if args.text else "demo default (pydoc topics)",
+            "seconds": round(time.time() - t0)}  # fmt: skip
+    out = {"meta": meta, "gate1_a": gate, "gate1_pass": passed, "rows": rows}
+    (args.out / "key_allocation.json").write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out / 'key_allocation.json'}")
+
+
+if __name__ == "__main__":
+    main()
