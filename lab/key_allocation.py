@@ -16,10 +16,10 @@ Per global layer (one KV head on this model) it measures
   equalization, as tq3 keys are stored;
 - the query-weighted key error of each, E[(q . (k_hat - k))^2] over the evaluation span's real queries and keys
   (exactly: the trace of the queries' second moment times the errors'), as a = sqrt(error / tq3's error), tq3 being
-  the real codec with the shipped transforms; the same scheme at one width (two 128-channel groups of 3 bits: tq3's
-  layout in this emulation) shows what the emulated quantizer itself gives away.
+  the real codec with the shipped transforms; the emulated quantizer in tq3's own layout (blocks of 128 channels, 3
+  bits) checks the emulation (a ~ 1).
 
-    python lab/key_allocation.py [--tokens 16384] [--cal 2048] [--out out/lab]
+    python lab/key_allocation.py [--tokens 16384] [--cal 2048] [--cal-text FILE] [--out out/lab]
 
 Writes key_allocation.json (gate1_a per global layer, the widths, bits per value) and prints a table.
 """
@@ -197,6 +197,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--text", type=Path, default=None, help="default: the demo's embedded text")
+    ap.add_argument("--cal-text", type=Path, default=None, help="calibrate on this text's first --cal tokens instead")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--cal", type=int, default=2048, help="calibration tokens (mean, energies, widths)")
     ap.add_argument("--bpv", type=float, default=3.25, help="bits a key value, side data included")
@@ -210,6 +211,7 @@ def main() -> None:
     glob = [il for il in range(n_layer) if (il + 1) % 6 == 0]  # Gemma 3: every 6th layer is global
     kt.WANT = re.compile(r"^[QK]cur-(" + "|".join(map(str, glob)) + r")$")
     cap = kt.capture(model, text, args.tokens)
+    capc = kt.capture(model, args.cal_text.read_text(errors="replace"), args.cal) if args.cal_text else cap
     tens = {t.name: np.array(t.data, dtype=np.float64) for t in reader.tensors if "norm" in t.name}
     cal = slice(0, args.cal)
     ev = slice(args.cal, args.tokens)
@@ -223,11 +225,12 @@ def main() -> None:
         for h in range(hkv):
             qh = q[:, h * (hq // hkv) : (h + 1) * (hq // hkv)]
             kh = k[:, h]
-            mu = kh[cal].mean(axis=0)
-            kc = kh - mu
+            qcal = capc[f"Qcur-{il}"][cal, h * (hq // hkv) : (h + 1) * (hq // hkv)].astype(np.float64)
+            kcal = capc[f"Kcur-{il}"][cal, h].astype(np.float64)
+            mu = kcal.mean(axis=0)
             # energies in the stored domain (centered, equalized): q' = q / s, k' = (k - mu) s
-            qe = ((qh[cal] / s) ** 2).mean(axis=(0, 1))
-            ke = ((kc[cal] * s) ** 2).mean(axis=0)
+            qe = ((qcal / s) ** 2).mean(axis=(0, 1))
+            ke = (((kcal - mu) * s) ** 2).mean(axis=0)
             x = np.sqrt(qe * ke)  # per channel; per pair below (NEOX: i, i + D/2)
             xw = np.sqrt((gq**2 / s**2) * (gk**2 * s**2))  # from the gains alone
             pair_x = x[: d // 2] + x[d // 2 :]
@@ -263,25 +266,28 @@ def main() -> None:
                     "groups_pairs": list(sizes), "widths": ws, "bpv": bits / d,
                     "zero_bit_channels": int(sum(2 * p for p, b in zip(sizes, ws, strict=True) if b == 0)),
                 }  # fmt: skip
-            # the emulation's own handicap: tq3's layout (two groups of 128 channels in channel order, 3 bits)
-            lay = np.arange(d // 2)
-            ku = scheme(base, lay, (64, 64), [3, 3], 1000 * il) / s + mu
+            # the emulation checked: the same quantizer in tq3's own layout (blocks of 128 channels in channel order,
+            # 3 bits) should have tq3's error (a ~ 1)
+            ku = np.concatenate(
+                [code_group(base[:, b0 : b0 + 128], 3, 1000 * il + 100 + b0) for b0 in range(0, d, 128)], axis=1
+            )
+            ku = ku / s + mu
             row = {
                 "layer": il, "kv_head": h,
                 "a_pred_waterfill": float(np.sqrt(pred_rw / pred_uniform)),
                 "dead_channels_weights": dead,
-                "a_uniform_emulated": float(np.sqrt(logit_error(cq, ku - kv) / err_tq3)),
+                "a_tq3_emulated": float(np.sqrt(logit_error(cq, ku - kv) / err_tq3)),
                 "tq3_logit_err": err_tq3, "tq3_mse": mse_tq3,
                 "scheme_calibration": results["calibration"], "scheme_weights": results["weights"],
             }  # fmt: skip
             rows.append(row)
             print(f"  layer {il} head {h}: {time.time() - t0:.0f} s", file=sys.stderr)
-    print(f"\n{'layer':>5s} {'a_pred':>7s} {'uniform(emul)':>14s} {'a (cal widths)':>15s} {'a (weight widths)':>18s}"
+    print(f"\n{'layer':>5s} {'a_pred':>7s} {'tq3 (emulated)':>14s} {'a (cal widths)':>15s} {'a (weight widths)':>18s}"
           f" {'bpv':>5s}  widths (pairs:bits)")  # fmt: skip
     for r in rows:
         c, w = r["scheme_calibration"], r["scheme_weights"]
         desc = " ".join(f"{p}:{b}" for p, b in zip(c["groups_pairs"], c["widths"], strict=True))
-        print(f"{r['layer']:5d} {r['a_pred_waterfill']:7.3f} {r['a_uniform_emulated']:14.3f} {c['a']:15.3f}"
+        print(f"{r['layer']:5d} {r['a_pred_waterfill']:7.3f} {r['a_tq3_emulated']:14.3f} {c['a']:15.3f}"
               f" {w['a']:18.3f} {c['bpv']:5.2f}  {desc}")  # fmt: skip
     gate = {str(r["layer"]): r["scheme_calibration"]["a"] for r in rows}
     passed = all(v <= 0.75 for v in gate.values())
@@ -289,6 +295,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"model": model.name, "tokens": args.tokens, "cal": args.cal, "bpv_budget": args.bpv,
             "text": str(args.text) if args.text else "demo default (pydoc topics)",
+            "cal_text": str(args.cal_text) if args.cal_text else "the first --cal tokens of the text",
             "seconds": round(time.time() - t0)}  # fmt: skip
     out = {"meta": meta, "gate1_a": gate, "gate1_pass": passed, "rows": rows}
     (args.out / "key_allocation.json").write_text(json.dumps(out, indent=1))
