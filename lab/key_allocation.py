@@ -242,8 +242,9 @@ def main() -> None:
             cq = qv.T @ qv / qv.shape[0]
             kv = kh[ev]
             base = (kv - mu) * s
-            err_tq3 = logit_error(cq, kt.tq(base, "tq3") / s + mu - kv)
-            mse_tq3 = float(np.mean((kt.tq(base, "tq3") / s + mu - kv) ** 2))
+            e_tq3 = kt.tq(base, "tq3") / s + mu - kv
+            err_tq3 = logit_error(cq, e_tq3)
+            mse_tq3 = float(np.mean(e_tq3**2))
 
             budget = int(args.bpv * d)
             results = {}
