@@ -157,7 +157,9 @@ stage_ppl() {
 
 stage_niah() {
     join_model || return 1
-    ln -sfn "$bin" python/llama_tq/bin # the harness runs the tools of its package's bin/
+    # the harness runs the tools of its package's bin/ (relinked only when it differs: a stage running beside this
+    # one reads it, and ln -sfn replaces the link non-atomically)
+    [ "$(readlink python/llama_tq/bin)" = "$bin" ] || ln -sfn "$bin" python/llama_tq/bin
     if ! python3 -c 'import sys; sys.path.insert(0, "python"); import llama_tq._codec' 2> /dev/null; then
         gcc -O2 -std=c11 -ffp-contract=off -fPIC -c csrc/codec/tq_codec.c -o "$W/tq_codec_pic.o" || return 1
         local inc
