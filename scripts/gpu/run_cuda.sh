@@ -50,6 +50,14 @@
 #   kbias8b  the 8B shape as qwen2 with and without a K bias: llama-bench tg128 / pp512 (KB_P) at depths 0 and 32768
 #          (KB_DEPTHS), KB_TYPES (f16 tq3 tq4), with the bias also under KB_VARIANT_ENV if set, rounds interleaved
 #          (KB_REPS), kbias8b.md
+#   llama8b  the shape users run (issue 45): an 8B-shaped synthetic model (32 layers, 4096, 32/8 heads, head 128, Q8_0),
+#          llama-bench pp512 / tg128 at depths 0 and 32768 (L8_DEPTHS) for L8_TYPES (f16 q8_0 q4_0 tq4 tq3 tq4/tq3),
+#          L8_REPS interleaved rounds (default 2), llama8b.md; then llama8b_table.md and summary.json's "llama8b"
+#          (scripts/gpu/llama8b.py: each round's ratio to the same round's f16, every issue-45 target met or not)
+#   llama8b_long  the same at depth 131072 (L8_LONG_P prompt tokens, default 512; one round, ~1.5 min a type:
+#          split L8_TYPES over calls, L8_APPEND=1 keeps the file), llama8b_long.md
+#   llama8b_perf  test-backend-ops perf of FA decode, 1 sequence x 4 KV heads and 4 x 8, GQA 4, KV 32K and 128K, heads
+#          128 and 256 (fa_perf_llama8b.log), the convert stage's device copy for the read rates
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
 set -uo pipefail
@@ -591,6 +599,45 @@ stage_kbias8b() {
             done
         done
     done
+    return "$rc"
+}
+
+llama8b_model() {
+    [ -f "$W/llama8b.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$W/llama8b.gguf" \
+        --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-vocab 32000 --n-ctx 40960 > /dev/null
+}
+
+llama8b_rounds() { # FILE REPS DEPTHS P: interleaved rounds of every L8_TYPES pair, "round N K/V" before each run
+    local f=$1 r kv rc=0
+    [ "${L8_APPEND:-0}" = 1 ] || : > "$f"
+    for r in $(seq "$2"); do
+        for kv in ${L8_TYPES:-f16 q8_0 q4_0 tq4 tq3 tq4/tq3}; do
+            echo "round $r ${kv%/*}/${kv#*/}" >> "$f"
+            "$bin/llama-bench" -m "$W/llama8b.gguf" -ngl 99 -fa 1 -p "$4" -n 128 -d "$3" -r 1 -ctk "${kv%/*}" \
+                -ctv "${kv#*/}" -o md 2>> "${f%.md}.err" | tee -a "$f" || rc=1
+        done
+    done
+    python3 scripts/gpu/llama8b.py "$RES" > "$RES/llama8b_table.md" && cat "$RES/llama8b_table.md"
+    return "$rc"
+}
+
+stage_llama8b() {
+    llama8b_model || return 1
+    llama8b_rounds "$RES/llama8b.md" "${L8_REPS:-2}" "${L8_DEPTHS:-0,32768}" 512
+}
+
+stage_llama8b_long() {
+    llama8b_model || return 1
+    llama8b_rounds "$RES/llama8b_long.md" 1 131072 "${L8_LONG_P:-512}"
+}
+
+stage_llama8b_perf() {
+    [ -f "$RES/convert_bench.txt" ] || stage_convert > /dev/null || return 1
+    "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
+        -p 'hsk=(128|256),hsv=(128|256),nh=(4,nr23=\[4,1\]|8,nr23=\[4,4\]),kv=(32768|131072),nb=1,' \
+        > "$RES/fa_perf_llama8b.log" 2>&1
+    local rc=$?
+    python3 scripts/gpu/llama8b.py "$RES" > "$RES/llama8b_table.md" && cat "$RES/llama8b_table.md"
     return "$rc"
 }
 
