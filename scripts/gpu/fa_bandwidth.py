@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 CASE = re.compile(r"FLASH_ATTN_EXT\(hsk=(\d+),hsv=(\d+),nh=(\d+),nr23=\[(\d+),(\d+)\],kv=(\d+),nb=1,"
                   r".*?type_K=(\w+),type_V=(\w+),.*?([0-9.]+) us/run")  # fmt: skip
@@ -26,23 +27,49 @@ def row_bytes(t: str, head: int) -> int:
     return head // n * b
 
 
-def table(perf: str, convert: str) -> str:
+class FaCase(NamedTuple):
+    head_k: int
+    head_v: int
+    kv_heads: int
+    gqa: int
+    seqs: int
+    kv: int
+    type_k: str
+    type_v: str
+    us: float
+    mb: float  # K and V bytes one call reads
+    tbs: float  # achieved read rate
+
+
+def cases(perf: str) -> list[FaCase]:
+    """The FA decode cases of a test-backend-ops perf log with the bytes each call reads and the rate it reached."""
+    out = []
+    for hk, hv, nh, gqa, ns, kv, tk, tv, us in CASE.findall(perf):
+        mb = int(kv) * int(nh) * int(ns) * (row_bytes(tk, int(hk)) + row_bytes(tv, int(hv))) * 1e-6
+        out.append(FaCase(int(hk), int(hv), int(nh), int(gqa), int(ns), int(kv), tk, tv, float(us), mb,
+                          mb / float(us)))  # MB/µs = TB/s  # fmt: skip
+    return out
+
+
+def copy_tbs(convert: str) -> float | None:
+    """The device copy's rate in TB/s (f16 bytes read + written) from convert_bench.txt, None without its line."""
     m = COPY.search(convert)
-    if not m:
+    return 2 * 2 * int(m.group(1)) / float(m.group(2)) * 1e-6 if m else None
+
+
+def table(perf: str, convert: str) -> str:
+    copy_rate = copy_tbs(convert)
+    if copy_rate is None:
         raise SystemExit("no 'f16 copy of N values: T us' line in convert_bench.txt")
-    copy_rate = 2 * 2 * int(m.group(1)) / float(m.group(2)) * 1e-6  # TB/s: f16 bytes read + written
     lines = [
         f"Device copy: {copy_rate:.2f} TB/s (read + write). Decode, 1 query row a sequence, mask on.",
         "",
         "| head | KV heads x seqs | GQA | KV | K/V | µs | MB read | TB/s | of copy |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for hk, hv, nh, gqa, ns, kv, tk, tv, us in CASE.findall(perf):
-        cells = int(kv) * int(nh) * int(ns)
-        mb = cells * (row_bytes(tk, int(hk)) + row_bytes(tv, int(hv))) * 1e-6
-        rate = mb / float(us)  # MB/µs = TB/s
-        lines.append(f"| {hk} | {nh} x {ns} | {gqa} | {kv} | {tk}/{tv} | {float(us):.2f} | {mb:.0f} | {rate:.2f} | "
-                     f"{100 * rate / copy_rate:.0f} % |")  # fmt: skip
+    for c in cases(perf):
+        lines.append(f"| {c.head_k} | {c.kv_heads} x {c.seqs} | {c.gqa} | {c.kv} | {c.type_k}/{c.type_v} | "
+                     f"{c.us:.2f} | {c.mb:.0f} | {c.tbs:.2f} | {100 * c.tbs / copy_rate:.0f} % |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

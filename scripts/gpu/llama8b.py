@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fa_bandwidth import CASE, COPY, row_bytes  # the FA case parser and the types' row sizes, shared
+from fa_bandwidth import cases, copy_tbs  # the FA case parser, bytes and rates, and the copy's rate, shared
 from summary import bench_tables  # the llama-bench table parser, shared
 
 BENCH_FILES = ("llama8b.md", "llama8b_long.md")  # d0 / d32768 rounds; d131072 rounds
@@ -59,15 +59,10 @@ def bench_rounds(md: str) -> dict[str, dict[str, list[tuple[float, float]]]]:
     return out
 
 
-def fa_cases(perf: str, copy_tbs: float | None) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for hk, hv, nh, gqa, ns, kv, tk, tv, us in CASE.findall(perf):
-        mb = int(kv) * int(nh) * int(ns) * (row_bytes(tk, int(hk)) + row_bytes(tv, int(hv))) * 1e-6
-        rate = mb / float(us)  # MB/µs = TB/s
-        rows.append({"head": int(hk), "kv_heads": int(nh), "gqa": int(gqa), "seqs": int(ns), "kv": int(kv),
-                     "pair": f"{tk}/{tv}", "us": float(us), "mb": round(mb, 1), "tbs": round(rate, 3),
-                     "of_copy": round(rate / copy_tbs, 3) if copy_tbs else None})  # fmt: skip
-    return rows
+def fa_cases(perf: str, copy_rate: float | None) -> list[dict[str, Any]]:
+    return [{"head": c.head_k, "kv_heads": c.kv_heads, "gqa": c.gqa, "seqs": c.seqs, "kv": c.kv,
+             "pair": f"{c.type_k}/{c.type_v}", "us": c.us, "mb": round(c.mb, 1), "tbs": round(c.tbs, 3),
+             "of_copy": round(c.tbs / copy_rate, 3) if copy_rate else None} for c in cases(perf)]  # fmt: skip
 
 
 def summarize(res: Path) -> dict[str, Any]:
@@ -81,11 +76,10 @@ def summarize(res: Path) -> dict[str, Any]:
                         "ratio": [round(v / f, 4) for v, f in vals],
                         "ratio_mean": round(statistics.fmean(v / f for v, f in vals), 4),
                     }  # fmt: skip
-    copy_tbs = None
-    if (res / "convert_bench.txt").is_file() and (m := COPY.search((res / "convert_bench.txt").read_text())):
-        copy_tbs = round(2 * 2 * int(m.group(1)) / float(m.group(2)) * 1e-6, 3)  # f16 bytes read + written
+    convert = res / "convert_bench.txt"
+    copy_rate = copy_tbs(convert.read_text()) if convert.is_file() else None
     perf = (res / "fa_perf_llama8b.log").read_text() if (res / "fa_perf_llama8b.log").is_file() else ""
-    fa = fa_cases(perf, copy_tbs)
+    fa = fa_cases(perf, copy_rate)
     targets: list[dict[str, Any]] = []
     for what, pair, test, bound, goal in RATIO_TARGETS:
         got = bench.get(pair, {}).get(test, {}).get("ratio_mean")
@@ -108,7 +102,8 @@ def summarize(res: Path) -> dict[str, Any]:
                 "met": None if us is None else us <= bound_us,
             }
         )
-    return {"bench": bench, "copy_tbs": copy_tbs, "fa_decode": fa, "targets": targets}
+    copy = round(copy_rate, 3) if copy_rate else None
+    return {"bench": bench, "copy_tbs": copy, "fa_decode": fa, "targets": targets}
 
 
 def table(s: dict[str, Any]) -> str:
