@@ -156,11 +156,10 @@ def allocate(qe: np.ndarray, ke: np.ndarray, sizes: tuple[int, ...], budget: int
     return min(best.values(), key=lambda t: t[0])
 
 
-def scheme(base: np.ndarray, order: np.ndarray, sizes: tuple[int, ...], widths: list[int], seed: int) -> np.ndarray:
-    """Keys [T, D] (stored domain) through the grouped code: group g = both channels (NEOX: i, i + D/2) of the next
-    sizes[g] pairs of order, coded at widths[g] bits."""
+def code_groups(base: np.ndarray, groups: list[tuple[np.ndarray, int, int]]) -> np.ndarray:
+    """Keys [T, D] (stored domain) through a grouped code: each (channels, bits, rotation seed) group coded alone."""
     out = np.zeros_like(base)
-    for ch, b, gseed in scheme_groups(base.shape[1], order, sizes, widths, seed):
+    for ch, b, gseed in groups:
         out[:, ch] = code_group(base[:, ch], b, seed=gseed)
     return out
 
@@ -168,7 +167,8 @@ def scheme(base: np.ndarray, order: np.ndarray, sizes: tuple[int, ...], widths: 
 def scheme_groups(
     d: int, order: np.ndarray, sizes: tuple[int, ...], widths: list[int], seed: int
 ) -> list[tuple[np.ndarray, int, int]]:
-    """The groups of the grouped code: (channels in the rotation's input order, bits, the rotation's seed)."""
+    """The scheme's groups: group g = both channels (NEOX: i, i + D/2) of the next sizes[g] pairs of order, at
+    widths[g] bits: (channels in the rotation's input order, bits, the rotation's seed)."""
     out = []
     at = 0
     for g, (p, b) in enumerate(zip(sizes, widths, strict=True)):
@@ -294,9 +294,10 @@ def main() -> None:
                         best = (err, sizes, ws)
                 assert best is not None
                 _, sizes, ws = best
+                groups = scheme_groups(d, order, sizes, ws, 1000 * il)
                 if src == "calibration":
-                    emitted[""].append((il, h, d, scheme_groups(d, order, sizes, ws, 1000 * il)))
-                kq = scheme(base, order, sizes, ws, 1000 * il) / s + mu
+                    emitted[""].append((il, h, d, groups))
+                kq = code_groups(base, groups) / s + mu
                 bits = sum(2 * p * b + (side_bits(2 * p) if b else 0) for p, b in zip(sizes, ws, strict=True))
                 results[src] = {
                     "a": float(np.sqrt(logit_error(cq, kq - kv) / err_tq3)),
@@ -306,13 +307,9 @@ def main() -> None:
                 }  # fmt: skip
             # the emulation checked: the same quantizer in tq3's own layout (blocks of 128 channels in channel order,
             # 3 bits) should have tq3's error (a ~ 1)
-            ku = np.concatenate(
-                [code_group(base[:, b0 : b0 + 128], 3, 1000 * il + 100 + b0) for b0 in range(0, d, 128)], axis=1
-            )
-            ku = ku / s + mu
-            emitted["_tq3layout"].append(
-                (il, h, d, [(np.arange(b0, b0 + 128), 3, 1000 * il + 100 + b0) for b0 in range(0, d, 128)])
-            )
+            tq3_layout = [(np.arange(b0, b0 + 128), 3, 1000 * il + 100 + b0) for b0 in range(0, d, 128)]
+            ku = code_groups(base, tq3_layout) / s + mu
+            emitted["_tq3layout"].append((il, h, d, tq3_layout))
             row = {
                 "layer": il, "kv_head": h,
                 "a_pred_waterfill": float(np.sqrt(pred_rw / pred_uniform)),
