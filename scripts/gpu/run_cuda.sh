@@ -57,7 +57,8 @@
 #   llama8b_long  the same at depth 131072 (L8_LONG_P prompt tokens, default 512; one round, ~1.5 min a type:
 #          split L8_TYPES over calls, L8_APPEND=1 keeps the file), llama8b_long.md
 #   llama8b_perf  test-backend-ops perf of FA decode, 1 sequence x 4 KV heads and 4 x 8, GQA 4, KV 32K and 128K, heads
-#          128 and 256 (fa_perf_llama8b.log), the convert stage's device copy for the read rates
+#          128 and 256, the six pairs (fa_perf_llama8b.log; L8_PERF_KV: 32768, 131072 or both, ~20 s a case, 17 min
+#          for all 48 on an H200), the convert stage's device copy for the read rates
 #   usage: scripts/gpu/run_cuda.sh [stage ...]
 # shellcheck disable=SC2317,SC2329  # the stage_* functions are called by name
 set -uo pipefail
@@ -633,9 +634,13 @@ stage_llama8b_long() {
 
 stage_llama8b_perf() {
     [ -f "$RES/convert_bench.txt" ] || stage_convert > /dev/null || return 1
+    # the six pairs only (patch 0006's perf list also has mixed pairs); ~20 s a case, so L8_PERF_KV can split the
+    # KV lengths over calls (L8_APPEND=1 keeps the log)
+    local pairs='f16,type_V=f16|q8_0,type_V=q8_0|q4_0,type_V=q4_0|tq4,type_V=tq4|tq3,type_V=tq3|tq4,type_V=tq3'
+    [ "${L8_APPEND:-0}" = 1 ] || : > "$RES/fa_perf_llama8b.log"
     "$bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
-        -p 'hsk=(128|256),hsv=(128|256),nh=(4,nr23=\[4,1\]|8,nr23=\[4,4\]),kv=(32768|131072),nb=1,' \
-        > "$RES/fa_perf_llama8b.log" 2>&1
+        -p "hsk=(128|256),hsv=(128|256),nh=(4,nr23=\\[4,1\\]|8,nr23=\\[4,4\\]),kv=(${L8_PERF_KV:-32768|131072}),nb=1,.*type_K=($pairs)," \
+        >> "$RES/fa_perf_llama8b.log" 2>&1
     local rc=$?
     python3 scripts/gpu/llama8b.py "$RES" > "$RES/llama8b_table.md" && cat "$RES/llama8b_table.md"
     return "$rc"
