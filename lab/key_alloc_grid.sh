@@ -6,6 +6,8 @@
 #   here:  bash lab/patch.sh apply keys-measuring && PIECE=55M scripts/gpu/pack.sh
 #          python lab/key_allocation.py --tokens 4096 --cal 2048 --all-layers --emit --out out/key_alloc  # or global
 #          bash lab/key_alloc_grid.sh prepare      # the grid prompts' harness and the haystack into out/key_alloc
+#          (or `prepare archived`: the all-layer allocation the KLD run used, from lab/archive/key_allocation-kld,
+#          identical to what the line above writes, without its ~12-minute capture)
 #   GPU:   carry .gpu and out/key_alloc (the model pieces over several calls into $WORK, as run_cuda.sh's niah stage
 #          joins them), BUILD_TARGETS="llama-completion llama-tokenize" scripts/gpu/run_cuda.sh build, then
 #          bash lab/key_alloc_grid.sh run 16384   # KV=... to choose the configurations; results in $RES
@@ -15,6 +17,12 @@ cd "$(dirname "$0")/.."
 dir=out/key_alloc
 case ${1:-} in
     prepare)
+        if [ "${2:-}" = archived ]; then
+            mkdir -p "$dir"
+            tar xJf lab/archive/key_allocation-kld.tar.xz -O key_allocation-kld/key_alloc.txt > "$dir/key_alloc.txt"
+            tar xJf lab/archive/key_allocation-kld.tar.xz -O key_allocation-kld/key_alloc_tq3layout.txt \
+                > "$dir/key_alloc_tq3layout.txt"
+        fi
         [ -f "$dir/key_alloc.txt" ] || { echo "no $dir/key_alloc.txt: run lab/key_allocation.py --emit first" >&2; exit 1; }
         git show f9a36a1^:python/llama_tq/harness/niah.py > "$dir/niah_grid_prompts.py"
         python3 -c "from llama_tq.harness import demo; open('$dir/haystack_py311.txt','w').write(demo.default_text())"
@@ -35,7 +43,7 @@ case ${1:-} in
         scripts/gpu/run_cuda.sh niah
         ;;
     *)
-        sed -n '2,13p' "$0" >&2
+        sed -n '2,14p' "$0" >&2
         exit 2
         ;;
 esac
