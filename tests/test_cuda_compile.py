@@ -147,12 +147,13 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
         ("lab/cuda/param_size_bench.cu", [], ""),
         ("lab/cuda/tq_convert_bench.cu", [], ""),
         ("lab/cuda/quant_phases_bench.cu", [], "cuda-phases"),
+        ("lab/cuda/v_step_bench.cu", [], ""),
     ],
 )
 def test_standalone_gpu_programs_build(source: str, defines: list[str], lab_patch: str, tmp_path: Path) -> None:
     """The quantizer exactness test and the GPU harnesses (decode kernels, run by scripts/gpu/run_cuda.sh; the
     shared-memory carveout and parameter-size probes of cuda/v12_rope_fold (lab/archive/cuda.tar.xz), the prefill
-    converter's speed probe of v13_convert, the quantizer's phase clock of v23_write)."""
+    converter's speed probe of v13_convert, the quantizer's phase clock of v23_write, the V step alone of issue 45)."""
     src = REPO
     if lab_patch:  # a measuring build: csrc/ with a patch of lab/patches/ applied
         src = tmp_path / "repo"

@@ -8,6 +8,7 @@
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (lab/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
+#   vstep  the tensor-core kernel's V step alone, shipped vs decoded to shared memory (lab/cuda/v_step_bench.cu)
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
 #          haystack file, e.g. the one the CPU runs used: the default, pydoc topics, follows the Python version)
@@ -136,6 +137,13 @@ stage_kernel() {
     local mode=()
     [ -n "${KERNEL_MODE:-}" ] && mode=("$KERNEL_MODE") # "perf": skip the correctness cases
     "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'
+}
+
+stage_vstep() { # issue 45: is the V step's index spreading worth replacing? (the harness's header has the prediction)
+    [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    nvcc -O3 -std=c++17 -arch=sm_"$ARCH" -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
+        lab/cuda/v_step_bench.cu "$W/tq_codec.o" -o "$W/v_step_bench" || return 1
+    "$W/v_step_bench" | tee "$RES/v_step_bench.txt"
 }
 
 # The default model, joined from the pieces pack.sh made (carried now, or left in $W by an earlier command).
