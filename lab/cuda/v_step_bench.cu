@@ -7,10 +7,10 @@
 //             no spreading; s * m folded into the multiplier pair), stores it as f16 to a per-warp [16][136] tile in
 //             shared memory, and the A fragments come back with ldmatrix.x4.trans (tq4 keeps its byte order: slot 2B
 //             holds coordinate B, slot 2B + 1 coordinate 64 + B).
-// Prediction (written before any GPU run): "smem" needs ~200 issue slots a lane per tile against ~320-560 for
-// "pairs", so a V step ~1.5-2.5x faster when issue-bound; the 4-sequence FA case (93 us, issue-bound) would lose
-// ~25-40 % of its time. The tiles stream from global memory through the kernel's 2-stage cp.async pipeline, V
-// only (no K step, no softmax), so the timing is the V step's issue cost plus its loads.
+// Prediction (written before any GPU run, from the SASS: the loop's static instructions tq3 510 -> 345, tq4 424 ->
+// 391, NOTES.md v25): "smem" / "pairs" time ~0.7 for tq3 and ~0.9-1.0 for tq4 where issue-bound. The tiles stream
+// from global memory through the kernel's 2-stage cp.async pipeline, V only (no K step, no softmax), so the timing is
+// the V step's issue cost plus its loads.
 //
 //   gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o tq_codec.o
 //   nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
