@@ -1,8 +1,8 @@
 // Issue 45, item 2, measured cheaply first: the tensor-core decode kernel's V step alone (O^T += V^T P^T over 16-key
 // tiles of a 128-value TQ V cache), two ways, on the same tiles:
 //  0 "pairs"  the shipped step (tq-fattn-mma.cuh): A = codebook pairs across two keys, so each lane gathers the 3- or
-//             4-bit fields of four keys and spreads them into pair-table indices per sub-block (the index work that
-//             ncu put at ~2/3 of a tile's 841 instructions, NOTES.md v4); s * m folded into P.
+//             4-bit fields of four keys and spreads them into pair-table indices per sub-block (NOTES.md v4 put that
+//             index work at ~2/3 of a tile; today's SASS says ~1/3, v25); s * m folded into P.
 //  1 "smem"   each lane decodes half of one key's row with the K step's own lookups (adjacent coordinates, one field,
 //             no spreading; s * m folded into the multiplier pair), stores it as f16 to a per-warp [16][136] tile in
 //             shared memory, and the A fragments come back with ldmatrix.x4.trans (tq4 keeps its byte order: slot 2B
