@@ -24,6 +24,7 @@
 #include "tq-fattn-mma.cuh"
 
 #include "../../tests/cuda/cuda_check.cuh"
+#include "copy_bandwidth.cuh"
 
 struct Case {
     int D, n_kv, n_kvh, gqa, n_q, n_seq, tk, tv;
@@ -369,29 +370,6 @@ static bool run_case(const Case & cs, int nsm, std::mt19937 & rng, double copy_g
         cudaFree(dM);
     }
     return ok;
-}
-
-static double copy_bandwidth() { // device-to-device copy of 1 GiB: read + write bytes per second
-    const size_t n = (size_t) 1 << 30;
-    char *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; ++i) {
-        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    }
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaFree(a);
-    cudaFree(b);
-    return 2.0 * n * 10 / (ms * 1e-3) / 1e9;
 }
 
 int main(int argc, char ** argv) {

@@ -26,6 +26,7 @@
 #include "tq-fattn-mma.cuh"
 
 #include "../../tests/cuda/cuda_check.cuh"
+#include "copy_bandwidth.cuh"
 
 #define VB_WARPS 4
 #define VB_ROW   136 // halves per key row of the decoded tile: 272 B, so ldmatrix's 8 rows fall in 8 bank quads
@@ -96,52 +97,8 @@ __global__ void __launch_bounds__(VB_WARPS * 32) vb_kernel(const char * V, int n
                 pk[2 * e + i] = __half2float(__float2half(vb_p(tile, 2 * t + 8 * e + i, g)));
             }
         }
-        if constexpr (VAR == 0) { // the shipped V step, as in tq_fa_mma_kernel (nk = 16: full tiles)
-            const int keys[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-            uint32_t hv[4];
-            float ps[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                hv[i] = vs[keys[i] * VW];
-                ps[i] = pk[i] * tq_cu_bf16_to_fp32(hv[i] & 0xffffu);
-            }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float fac[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    fac[i] = ps[i] * sub[(hv[i] >> (16 + 4 * k)) & 15u];
-                }
-                const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
-                const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
-                uint32_t pa, pb;
-                if constexpr (tq_fa_bits(T) == 3) {
-                    uint32_t f[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        f[i] = tq_mma_bits_rt(vs + keys[i] * VW + 1 + 3 * k, 12 * g);
-                    }
-                    pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
-                    pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
-                } else {
-                    const int sh = 4 * (k >> 1);
-                    uint32_t wv[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        wv[i] = (vs[keys[i] * VW + 1 + 8 * (k & 1) + g] >> sh) & 0x0f0f0f0fu;
-                    }
-                    pa = wv[0] | (wv[1] << 4);
-                    pb = wv[2] | (wv[3] << 4);
-                }
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int s0 = 16 * hh, s1 = 16 * hh + 8;
-                    tq_mma_16816(oacc[2 * k + hh], tq_mma_lut<T>(lv, tq_mma_lut_off<T, LV::LOG2_STRIDE>(pa, s0, lov)),
-                                 tq_mma_lut<T>(lv, tq_mma_lut_off<T, LV::LOG2_STRIDE>(pa, s1, lov)),
-                                 tq_mma_lut<T>(lv, tq_mma_lut_off<T, LV::LOG2_STRIDE>(pb, s0, lov)),
-                                 tq_mma_lut<T>(lv, tq_mma_lut_off<T, LV::LOG2_STRIDE>(pb, s1, lov)), bf0, bf1);
-                }
-            }
+        if constexpr (VAR == 0) { // the shipped V step (nk = 16: full tiles)
+            tq_mma_v_step<T, VW, LV::LOG2_STRIDE>(oacc, vs, pk, TQ_MMA_KEYS, g, t, lv, lov, sub);
         } else { // decode to shared memory, A by ldmatrix.trans
             half * ws = vsm + warp * TQ_MMA_KEYS * VB_ROW;
             const int key = lane >> 1, hf = lane & 1;
@@ -306,33 +263,10 @@ template <int T> static bool vb_type(const char * name, int nsm, double gbs) {
     return ok;
 }
 
-static double copy_gbs() { // device-to-device copy of 1 GiB: read + write bytes per second
-    const size_t n = (size_t) 1 << 30;
-    char *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; ++i) {
-        CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    }
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * n * 10 / (ms * 1e-3) / 1e9;
-}
-
 int main() {
     int nsm;
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
-    const double gbs = copy_gbs();
+    const double gbs = copy_bandwidth();
     printf("device SMs %d, copy %.0f GB/s (read + write)\n", nsm, gbs);
     bool ok = vb_type<TQFA_TQ3>("tq3", nsm, gbs);
     ok &= vb_type<TQFA_TQ4>("tq4", nsm, gbs);

@@ -167,6 +167,60 @@ static __device__ __forceinline__ uint32_t tq_mma_spread3(uint32_t x) {
     return (x & 0x00070007u) | ((x & 0x00380038u) << 5);
 }
 
+// The V step of one 128-value block of a 16-key tile: O^T m-tiles acc[2k + hh] += V^T P^T. vb: the tile's first row
+// at this block (VW words a row); pk: P[g][2t + i] and P[g][2t + 8 + i]; nk: the tile's valid keys. This lane's keys
+// are 2t, 2t + 1 (nh 0) and 2t + 8, 2t + 9 (nh 1); s * m of each key folds into B, m-tile 2k + hh covers sub-block
+// k, rows g + 8e = coordinates 32k + 4g + 2hh + e, and A is pure codebook pairs across two keys.
+template <int TV, int VW, int LOG2>
+static __device__ __forceinline__ void tq_mma_v_step(float (&acc)[8][4], const uint32_t * vb, const float (&pk)[4], int nk,
+                                                     int g, int t, const char * lv, uint32_t lov, const float * sub) {
+    const int keys[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+    uint32_t hv[4];
+    float ps[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { // an empty slot (past the chunk) is exactly 0 even if its stale scale is NaN
+        hv[i] = vb[keys[i] * VW];
+        ps[i] = keys[i] < nk ? pk[i] * tq_cu_bf16_to_fp32(hv[i] & 0xffffu) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float fac[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            fac[i] = ps[i] * sub[(hv[i] >> (16 + 4 * k)) & 15u];
+        }
+        const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
+        const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
+        uint32_t pa, pb; // byte n: the pair index (key A | key B << bits) of coordinate 32k + 4g + n
+        if constexpr (tq_fa_bits(TV) == 3) {
+            uint32_t f[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                f[i] = tq_mma_bits_rt(vb + keys[i] * VW + 1 + 3 * k, 12 * g);
+            }
+            pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
+            pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
+        } else {
+            const int sh = 4 * (k >> 1);
+            uint32_t wv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                wv[i] = (vb[keys[i] * VW + 1 + 8 * (k & 1) + g] >> sh) & 0x0f0f0f0fu;
+            }
+            pa = wv[0] | (wv[1] << 4);
+            pb = wv[2] | (wv[3] << 4);
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int s0 = 16 * hh, s1 = 16 * hh + 8;
+            tq_mma_16816(acc[2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LOG2>(pa, s0, lov)),
+                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LOG2>(pa, s1, lov)),
+                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LOG2>(pb, s0, lov)),
+                         tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LOG2>(pb, s1, lov)), bf0, bf1);
+        }
+    }
+}
+
 // Column c's max and sum of exponentials over the warps (red: each warp's).
 static __device__ __forceinline__ float2 tq_mma_col_ml(const float (&red)[2][TQ_MMA_WARPS][8], int c) {
     float m = -INFINITY, l = 0.0f;
@@ -533,56 +587,10 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
                 pk[2 * e + 1] = __high2float(tr);
             }
 
-            // ---- O^T += V^T P^T. B = P^T is the K step's accumulator with s * m of each key folded in (this
-            // lane's keys are 2t, 2t + 1 from nh 0 and 2t + 8, 2t + 9 from nh 1); m-tile 2k + hh covers sub-block
-            // k, rows g + 8e = coordinates 32k + 4g + 2hh + e, and A is pure codebook pairs across two keys.
-            const int keys[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+            // ---- O^T += V^T P^T, a 128-value block at a time (B = P^T, the K step's accumulator layout)
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
-                uint32_t hv[4];
-                float ps[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) { // an empty slot (past the chunk) is exactly 0 even if its stale scale is NaN
-                    hv[i] = vs[keys[i] * VW + b * VBW];
-                    ps[i] = keys[i] < nk ? pk[i] * tq_cu_bf16_to_fp32(hv[i] & 0xffffu) : 0.0f;
-                }
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    float fac[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        fac[i] = ps[i] * sub[(hv[i] >> (16 + 4 * k)) & 15u];
-                    }
-                    const uint32_t bf0 = tq_mma_h2(fac[0], fac[1]);
-                    const uint32_t bf1 = tq_mma_h2(fac[2], fac[3]);
-                    uint32_t pa, pb; // byte n: the pair index (key A | key B << bits) of coordinate 32k + 4g + n
-                    if constexpr (tq_fa_bits(TV) == 3) {
-                        uint32_t f[4];
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            f[i] = tq_mma_bits_rt(vs + keys[i] * VW + b * VBW + 1 + 3 * k, 12 * g);
-                        }
-                        pa = tq_mma_spread3(f[0]) | (tq_mma_spread3(f[1]) << 3);
-                        pb = tq_mma_spread3(f[2]) | (tq_mma_spread3(f[3]) << 3);
-                    } else {
-                        const int sh = 4 * (k >> 1);
-                        uint32_t wv[4];
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            wv[i] = (vs[keys[i] * VW + b * VBW + 1 + 8 * (k & 1) + g] >> sh) & 0x0f0f0f0fu;
-                        }
-                        pa = wv[0] | (wv[1] << 4);
-                        pb = wv[2] | (wv[3] << 4);
-                    }
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const int s0 = 16 * hh, s1 = 16 * hh + 8;
-                        tq_mma_16816(oacc[b][2 * k + hh], tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pa, s0, lov)),
-                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pa, s1, lov)),
-                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pb, s0, lov)),
-                                     tq_mma_lut<TV>(lv, tq_mma_lut_off<TV, LV::LOG2_STRIDE>(pb, s1, lov)), bf0, bf1);
-                    }
-                }
+                tq_mma_v_step<TV, VW, LV::LOG2_STRIDE>(oacc[b], vs + b * VBW, pk, nk, g, t, lv, lov, sub);
             }
         }
         __syncwarp(); // the stage just read is refilled by the next iteration's load
