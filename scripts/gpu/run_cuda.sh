@@ -8,6 +8,7 @@
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (lab/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
+#   kernel_ab  the harness with and without the lab patch KERNEL_PATCH (e.g. v-smem): correctness, then perf rounds
 #   vstep  the tensor-core kernel's V step alone, shipped vs decoded to shared memory (lab/cuda/v_step_bench.cu)
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
@@ -137,6 +138,30 @@ stage_kernel() {
     local mode=()
     [ -n "${KERNEL_MODE:-}" ] && mode=("$KERNEL_MODE") # "perf": skip the correctness cases
     "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'
+}
+
+stage_kernel_ab() { # KERNEL_PATCH (a lab/patches name): the harness of csrc and of csrc with that patch; the patched
+    # one's correctness cases, then the perf cases of both, interleaved (KERNEL_AB_REPS rounds); fa_decode_ab.txt
+    local name=${KERNEL_PATCH:?KERNEL_PATCH: a lab/patches name} ab="$W/ab" r v
+    [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    rm -rf "$ab" && mkdir -p "$ab" && cp -r csrc "$ab/" && patch -s -p1 -d "$ab" < "lab/patches/$name.patch" || return 1
+    for v in shipped "$name"; do
+        local src=$PWD
+        [ "$v" = shipped ] || src=$ab
+        nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -I"$src/csrc/codec" \
+            -I"$src/csrc/llama.cpp/ggml/src/ggml-cuda/tq" lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" \
+            -o "$W/fa_decode_bench_$v" || return 1
+    done
+    "$W/fa_decode_bench_$name" > "$RES/fa_decode_ab_correctness.txt" || { grep -v ' ok$' "$RES/fa_decode_ab_correctness.txt"; return 1; }
+    tail -1 "$RES/fa_decode_ab_correctness.txt"
+    : > "$RES/fa_decode_ab.txt"
+    for r in $(seq "${KERNEL_AB_REPS:-2}"); do
+        for v in shipped "$name"; do
+            echo "== $v round $r" >> "$RES/fa_decode_ab.txt"
+            "$W/fa_decode_bench_$v" perf >> "$RES/fa_decode_ab.txt" || return 1
+        done
+    done
+    grep -E '^==|mma' "$RES/fa_decode_ab.txt" | sed 's/| ok //; s/softcap  0.0 //'
 }
 
 stage_vstep() { # issue 45: is the V step's index spreading worth replacing? (the harness's header has the prediction)
