@@ -1,9 +1,10 @@
-// Dumps the post-RoPE queries and keys ("Qcur-<il>" / "Kcur-<il>" ROPE outputs) of every layer while a model reads
-// a text, for the eviction oracle (tests/test_triatt_oracle.py). Built against the installed libllama.
+// Dumps the post-RoPE queries and keys ("Qcur-<il>" / "Kcur-<il>" ROPE outputs) and the values ("Vcur-<il>", the
+// 3-D tensor the cache stores) of every layer while a model reads a text, for the eviction oracle
+// (tests/test_triatt_oracle.py) and lab/triatt_hindsight.py. Built against the installed libllama.
 //
 //   dump_qk MODEL TEXT N_TOKENS OUT_DIR
 //
-// Writes OUT_DIR/q<il>.f32 (n_tok x n_head x head_dim), OUT_DIR/k<il>.f32 (n_tok x n_head_kv x head_dim) and
+// Writes OUT_DIR/q<il>.f32 (n_tok x n_head x head_dim), OUT_DIR/k<il>.f32 and v<il>.f32 (n_tok x n_head_kv x head_dim) and
 // OUT_DIR/meta.txt: one line per layer "il n_head n_head_kv head_dim n_rot neox freq_base freq_scale" taken from
 // the ROPE ops themselves.
 #include <cstdio>
@@ -26,8 +27,13 @@ struct capture {
 };
 
 bool is_target(const ggml_tensor * t) {
-    return t->op == GGML_OP_ROPE && t->type == GGML_TYPE_F32 &&
-           (std::strncmp(t->name, "Qcur-", 5) == 0 || std::strncmp(t->name, "Kcur-", 5) == 0);
+    if (t->type != GGML_TYPE_F32) {
+        return false;
+    }
+    if (std::strncmp(t->name, "Vcur-", 5) == 0) { // the head-split values (the 2-D projection is named alike)
+        return ggml_n_dims(t) == 3 && ggml_is_contiguous(t);
+    }
+    return t->op == GGML_OP_ROPE && (std::strncmp(t->name, "Qcur-", 5) == 0 || std::strncmp(t->name, "Kcur-", 5) == 0);
 }
 
 bool cb(ggml_tensor * t, bool ask, void * ud) {
@@ -38,11 +44,12 @@ bool cb(ggml_tensor * t, bool ask, void * ud) {
         return true;
     }
     auto * c = static_cast<capture *>(ud);
-    const bool q = t->name[0] == 'Q';
+    const char kind = t->name[0]; // Q, K or V
+    const bool q = kind == 'Q';
     const int il = std::atoi(t->name + 5);
     std::vector<float> buf(ggml_nelements(t));
     ggml_backend_tensor_get(t, buf.data(), 0, ggml_nbytes(t));
-    auto & dst = c->data[(q ? "q" : "k") + std::to_string(il)];
+    auto & dst = c->data[std::string(1, (char) (kind + 'a' - 'A')) + std::to_string(il)];
     dst.insert(dst.end(), buf.begin(), buf.end());
     if (q && !c->meta.count(il)) {
         const int32_t * op = (const int32_t *) t->op_params;
@@ -55,7 +62,7 @@ bool cb(ggml_tensor * t, bool ask, void * ud) {
                       std::to_string((op[2] & GGML_ROPE_TYPE_NEOX) ? 1 : 0) + " " + std::to_string(base) + " " +
                       std::to_string(scale);
     }
-    if (!q) {  // fill in n_head_kv
+    if (kind == 'K') {  // fill in n_head_kv
         auto it = c->meta.find(il);
         if (it != c->meta.end()) {
             const auto p = it->second.find('?');

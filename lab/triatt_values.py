@@ -1,0 +1,141 @@
+"""Issue 46, item 3, offline first: would value norms make V3's selection see more of what attention delivers?
+
+On the oracle of tests/test_triatt_oracle.py (Gemma 3 270M reads 2048 tokens of the default text; T = 1536 cached
+keys, the 512 later queries of the full-attention layers; window 128 kept), each selection is scored two ways:
+  mass    the share of the later queries' attention mass it keeps (lab/triatt_hindsight.py's measure);
+  output  the relative error of the attention outputs, sum ||o_S - o||^2 / sum ||o||^2 over layers, heads and later
+          queries, o_S renormalized over what is kept (the later tokens' own keys always are): what eviction
+          actually changes, where an evicted key costs its attention times its value's size.
+Selections: the hindsight bounds (the most later mass; the most later mass times value norm), V3 as shipped (pool 8)
+and without pooling, V3 on score + lam * std(score) * log(w) with w each position's value norm (geometric mean over
+the full-attention layers and KV heads, relative to its mean), StreamingLLM and random, all through triatt_select.
+
+    python lab/triatt_values.py [--out out/triatt_values]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from llama_tq import _triatt as tri
+from llama_tq.memory import read_attn_params
+from llama_tq.models import default_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import test_triatt_oracle as oracle  # the dump and the oracle: one implementation
+
+N, T, W = oracle.N, oracle.T, oracle.WINDOW
+LAMBDAS = (0.25, 0.5, 1.0, 2.0)
+
+
+class Attention:
+    """The full-attention layers' later-query attention, to re-evaluate outputs under any kept set."""
+
+    def __init__(self, dump: Path) -> None:
+        params = read_attn_params(default_model())
+        self.heads: list[tuple[np.ndarray, np.ndarray]] = []  # (weights (N - T, N) before normalization, v (N, hd))
+        self.vnorm_log = np.zeros(N)
+        n_layers = 0
+        for line in (dump / "meta.txt").read_text().splitlines():
+            il, n_head, n_kv, hd = (int(x) for x in line.split()[:4])
+            if params.is_swa(il):
+                continue
+            n_layers += 1
+            q = np.fromfile(dump / f"q{il}.f32", np.float32).reshape(N, n_head, hd)
+            k = np.fromfile(dump / f"k{il}.f32", np.float32).reshape(N, n_kv, hd)
+            v = np.fromfile(dump / f"v{il}.f32", np.float32).reshape(N, n_kv, hd)
+            for hk in range(n_kv):
+                self.vnorm_log += np.log(np.linalg.norm(v[:, hk], axis=1) + 1e-12) / n_kv
+            for h in range(n_head):
+                hk = h // (n_head // n_kv)
+                lg = q[T:, h].astype(np.float64) @ k[:, hk].T.astype(np.float64) / np.sqrt(hd)
+                lg[np.arange(N)[None, :] > np.arange(T, N)[:, None]] = -np.inf  # causal
+                e = np.exp(lg - lg.max(1, keepdims=True))
+                self.heads.append((e, v[:, hk].astype(np.float64)))
+        self.vnorm_log /= n_layers
+        self.full = [(e / e.sum(1, keepdims=True)) @ v for e, v in self.heads]
+        # later attention mass, and mass times value norm, of each cached position
+        self.mass = sum(((e / e.sum(1, keepdims=True))[:, :T]).sum(0) for e, _ in self.heads)
+        self.vmass = sum(((e / e.sum(1, keepdims=True))[:, :T]).sum(0) * np.linalg.norm(v[:T], axis=1)
+                         for e, v in self.heads)  # fmt: skip
+
+    def output_error(self, keep: np.ndarray) -> float:
+        cols = np.concatenate([keep, np.ones(N - T, bool)])
+        num = den = 0.0
+        for (e, v), o in zip(self.heads, self.full, strict=True):
+            ek = e[:, cols]
+            os_ = (ek / ek.sum(1, keepdims=True)) @ v[cols]
+            num += float(((os_ - o) ** 2).sum())
+            den += float((o**2).sum())
+        return num / den
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("out/triatt_values"))
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print("dumping queries, keys and values (2048 tokens)...", flush=True)
+        dump = oracle.make_dump(Path(tmp))
+        _, score = oracle.oracle_and_score(dump)
+        att = Attention(dump)
+    window = np.arange(T) >= T - W
+    cand = np.flatnonzero(~window)
+    logw = att.vnorm_log[:T] - att.vnorm_log[:T].mean()
+    sd = float(score.std())
+
+    def top(s: np.ndarray, budget: int) -> np.ndarray:
+        keep = window.copy()
+        keep[cand[np.argsort(-s[cand], kind="stable")][: budget - W]] = True
+        return keep
+
+    def select(s: np.ndarray, budget: int, **kw: int) -> np.ndarray:
+        idx = tri.select(np.arange(T, dtype=np.int32), s.astype(np.float32), budget=budget, window=W, **kw)
+        keep = np.zeros(T, bool)
+        keep[idx] = True
+        return keep
+
+    rows = []
+    for budget in (384, 768, 1152):
+        sels: dict[str, np.ndarray] = {
+            "hindsight mass": top(att.mass, budget),
+            "hindsight mass x ‖v‖": top(att.vmass, budget),
+            "V3 shipped": select(score, budget, hybrid=2),
+            "V3 no pool": select(score, budget, hybrid=2, pool=0),
+        }
+        for lam in LAMBDAS:
+            sels[f"V3 + {lam} log‖v‖"] = select(score + lam * sd * logw, budget, hybrid=2)
+            sels[f"V3 no pool + {lam} log‖v‖"] = select(score + lam * sd * logw, budget, hybrid=2, pool=0)
+        sels["StreamingLLM"] = select(score, budget, hybrid=3)
+        sels["random"] = select(score, budget, hybrid=4)
+        for name, keep in sels.items():
+            rows.append({"budget": budget, "selection": name, "kept": int(keep.sum()),
+                         "mass": float(att.mass[keep].sum() / att.mass.sum()),
+                         "output_error": att.output_error(keep)})  # fmt: skip
+            print(
+                f"{budget:5d} {name:28s} mass {rows[-1]['mass']:.3f} output error {rows[-1]['output_error']:.5f}",
+                flush=True,
+            )
+    stream = {r["budget"]: r["output_error"] for r in rows if r["selection"] == "StreamingLLM"}
+    lines = [f"Eviction of {T} cached keys to a budget (window {W} kept), default model and text, the 512 later "
+             "queries of the full-attention layers; `python lab/triatt_values.py`.", "",
+             "| budget | selection | mass kept | output error | / StreamingLLM's |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['budget']} | {r['selection']} | {r['mass']:.3f} | {r['output_error']:.5f} | "
+                     f"{r['output_error'] / stream[r['budget']]:.2f} |")  # fmt: skip
+    table = "\n".join(lines) + "\n"
+    print(table)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "values.md").write_text(table)
+    (a.out / "values.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
