@@ -8,7 +8,9 @@ keys, the 512 later queries of the full-attention layers; window 128 kept), each
           actually changes, where an evicted key costs its attention times its value's size.
 Selections: the hindsight bounds (the most later mass; the most later mass times value norm), V3 as shipped (pool 8)
 and without pooling, V3 on score + lam * std(score) * log(w) with w each position's value norm (geometric mean over
-the full-attention layers and KV heads, relative to its mean), StreamingLLM and random, all through triatt_select.
+the full-attention layers and KV heads, relative to its mean), SnapKV's observation (the attention of the 32 queries
+before T) through V3's selection alone and added to V3's score (z-scores: score + lam * log-observation), StreamingLLM
+and random, all through triatt_select.
 
     python lab/triatt_values.py [--out out/triatt_values]
 """
@@ -29,6 +31,9 @@ from llama_tq.models import default_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_triatt_oracle as oracle  # the dump and the oracle: one implementation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from triatt_hindsight import observed  # SnapKV's observation: the attention the last w queries before T paid
 
 N, T, W = oracle.N, oracle.T, oracle.WINDOW
 LAMBDAS = (0.25, 0.5, 1.0, 2.0)
@@ -85,10 +90,15 @@ def main() -> None:
         dump = oracle.make_dump(Path(tmp))
         _, score = oracle.oracle_and_score(dump)
         att = Attention(dump)
+        snap = observed(dump, 32)
     window = np.arange(T) >= T - W
     cand = np.flatnonzero(~window)
     logw = att.vnorm_log[:T] - att.vnorm_log[:T].mean()
     sd = float(score.std())
+    # the observation as a z-score of its log, added to V3's z-scored score (both on the same scale)
+    zs = (score - score.mean()) / sd
+    lo = np.log(snap + 1e-6)
+    zo = (lo - lo.mean()) / lo.std()
 
     def top(s: np.ndarray, budget: int) -> np.ndarray:
         keep = window.copy()
@@ -112,6 +122,9 @@ def main() -> None:
         for lam in LAMBDAS:
             sels[f"V3 + {lam} log‖v‖"] = select(score + lam * sd * logw, budget, hybrid=2)
             sels[f"V3 no pool + {lam} log‖v‖"] = select(score + lam * sd * logw, budget, hybrid=2, pool=0)
+        sels["SnapKV-32 through V3"] = select(snap, budget, hybrid=2)
+        for lam in LAMBDAS:
+            sels[f"V3 + {lam} SnapKV-32"] = select(zs + lam * zo, budget, hybrid=2)
         sels["StreamingLLM"] = select(score, budget, hybrid=3)
         sels["random"] = select(score, budget, hybrid=4)
         for name, keep in sels.items():
