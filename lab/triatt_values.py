@@ -10,7 +10,9 @@ Selections: the hindsight bounds (the most later mass; the most later mass times
 and without pooling, V3 on score + lam * std(score) * log(w) with w each position's value norm (geometric mean over
 the full-attention layers and KV heads, relative to its mean), SnapKV's observation (the attention of the 32 queries
 before T) through V3's selection alone and added to V3's score (z-scores: score + lam * log-observation), StreamingLLM
-and random, all through triatt_select.
+and random, all through triatt_select. Those select once, at T; the "rolling" ones run rounds as the hook does (after
+every 128-token ubatch once calibrated on the first 512 queries, each evicting down to the budget), the observation
+taken from each round's own last 32 queries over the keys still kept.
 
     python lab/triatt_values.py [--out out/triatt_values]
 """
@@ -37,6 +39,7 @@ from triatt_hindsight import observed  # SnapKV's observation: the attention the
 
 N, T, W = oracle.N, oracle.T, oracle.WINDOW
 LAMBDAS = (0.25, 0.5, 1.0, 2.0)
+UBATCH, WARM = 128, 512  # rolling rounds: after every ubatch once calibrated (on the first WARM queries)
 
 
 class Attention:
@@ -45,6 +48,8 @@ class Attention:
     def __init__(self, dump: Path) -> None:
         params = read_attn_params(default_model())
         self.heads: list[tuple[np.ndarray, np.ndarray]] = []  # (weights (N - T, N) before normalization, v (N, hd))
+        self.qk: list[tuple[np.ndarray, np.ndarray]] = []  # per layer and head: q (N, hd), its KV head's k (N, hd)
+        self.scorers: list = []  # per layer and KV head: keys -> TriAttention score at t_now (calibrated on WARM)
         self.vnorm_log = np.zeros(N)
         n_layers = 0
         for line in (dump / "meta.txt").read_text().splitlines():
@@ -57,8 +62,22 @@ class Attention:
             v = np.fromfile(dump / f"v{il}.f32", np.float32).reshape(N, n_kv, hd)
             for hk in range(n_kv):
                 self.vnorm_log += np.log(np.linalg.norm(v[:, hk], axis=1) + 1e-12) / n_kv
+            rot = line.split()
+            n_rot, neox, base, scale = int(rot[4]), rot[5] == "1", float(rot[6]), float(rot[7])
+            group = n_head // n_kv
+            for hk in range(n_kv):
+                rows = q[:WARM, hk * group : (hk + 1) * group].transpose(1, 0, 2).reshape(-1, hd)
+                rpos = np.tile(np.arange(WARM), group).astype(np.int32)
+                mu = tri.calibrate(rows, rpos, n_rot, neox, base, scale)
+                kk = k[:, hk].copy()
+                self.scorers.append(
+                    lambda idx, t_now, mu=mu, kk=kk, n_rot=n_rot, neox=neox, base=base, scale=scale: tri.score(
+                        kk[idx], *mu, t_now, n_rot, neox, base, scale
+                    )
+                )
             for h in range(n_head):
                 hk = h // (n_head // n_kv)
+                self.qk.append((q[:, h].astype(np.float64), k[:, hk].astype(np.float64)))
                 lg = q[T:, h].astype(np.float64) @ k[:, hk].T.astype(np.float64) / np.sqrt(hd)
                 lg[np.arange(N)[None, :] > np.arange(T, N)[:, None]] = -np.inf  # causal
                 e = np.exp(lg - lg.max(1, keepdims=True))
@@ -69,6 +88,17 @@ class Attention:
         self.mass = sum(((e / e.sum(1, keepdims=True))[:, :T]).sum(0) for e, _ in self.heads)
         self.vmass = sum(((e / e.sum(1, keepdims=True))[:, :T]).sum(0) * np.linalg.norm(v[:T], axis=1)
                          for e, v in self.heads)  # fmt: skip
+
+    def observed(self, t: int, keep: np.ndarray, w: int = 32) -> np.ndarray:
+        """Attention the w queries before t paid the kept keys before t (summed over layers and heads)."""
+        obs = np.zeros(T)
+        cols = np.flatnonzero(np.concatenate([keep[:t], np.ones(0, bool)]))
+        for q, k in self.qk:
+            lg = q[t - w : t] @ k[cols].T / np.sqrt(q.shape[1])
+            lg[cols[None, :] > np.arange(t - w, t)[:, None]] = -np.inf
+            e = np.exp(lg - lg.max(1, keepdims=True))
+            obs[cols] += (e / e.sum(1, keepdims=True)).sum(0)
+        return obs
 
     def output_error(self, keep: np.ndarray) -> float:
         cols = np.concatenate([keep, np.ones(N - T, bool)])
@@ -111,6 +141,25 @@ def main() -> None:
         keep[idx] = True
         return keep
 
+    def rolling(budget: int, lam: float | None) -> np.ndarray:
+        """Rounds after every ubatch once calibrated, each evicting down to the budget: V3 on its own score
+        (lam None), on z(score) + lam z(log observation) of the ubatch's last 32 queries, or (lam inf) on the
+        observation alone; the kept set at T."""
+        keep = np.zeros(T, bool)
+        for t_end in range(UBATCH, T + 1, UBATCH):
+            keep[t_end - UBATCH : t_end] = True
+            if t_end < WARM or keep.sum() <= budget:
+                continue
+            idx = np.flatnonzero(keep)
+            sc = sum(f(idx, t_end - 1) for f in att.scorers).astype(np.float64)
+            if lam is not None:
+                lo = np.log(att.observed(t_end, keep)[idx] + 1e-6)
+                zo = (lo - lo.mean()) / lo.std()
+                sc = zo if np.isinf(lam) else (sc - sc.mean()) / sc.std() + lam * zo
+            m = tri.select(idx.astype(np.int32), sc.astype(np.float32), budget=budget, window=W, hybrid=2)
+            keep[idx[~np.asarray(m, bool)]] = False
+        return keep
+
     rows = []
     for budget in (384, 768, 1152):
         sels: dict[str, np.ndarray] = {
@@ -125,6 +174,9 @@ def main() -> None:
         sels["SnapKV-32 through V3"] = select(snap, budget, hybrid=2)
         for lam in LAMBDAS:
             sels[f"V3 + {lam} SnapKV-32"] = select(zs + lam * zo, budget, hybrid=2)
+        sels["rolling V3"] = rolling(budget, None)
+        for lam in (0.5, 1.0, 2.0, float("inf")):
+            sels[f"rolling V3 + {lam} SnapKV-32"] = rolling(budget, lam)
         sels["StreamingLLM"] = select(score, budget, hybrid=3)
         sels["random"] = select(score, budget, hybrid=4)
         for name, keep in sels.items():
