@@ -144,28 +144,6 @@ __global__ void __launch_bounds__(VB_WARPS * 32) vb_kernel(const char * V, int n
     }
 }
 
-// the rotated-domain value of coordinate d of a stored 128-value block (s * m * c[idx]), from the layout the
-// kernels read: header bf16 scale in the low half, sub-block multipliers in the nibbles above it; tq3 coordinate
-// 32t + i at bits 3i of the sub-block's 3 words; tq4 byte B (< 64) holds coordinate B low, 64 + B high
-static float vb_value(int bits, const uint32_t * blk, int d, const tq_cu_tables & tab) {
-    uint32_t h = blk[0];
-    uint32_t sbits = (h & 0xffffu) << 16;
-    float s;
-    memcpy(&s, &sbits, 4);
-    const float m = tab.sub[(h >> (16 + 4 * (d >> 5))) & 15u];
-    int idx;
-    if (bits == 3) {
-        const uint32_t * w = blk + 1 + 3 * (d >> 5);
-        const int b = 3 * (d & 31);
-        const uint64_t x = ((uint64_t) w[b >> 5 < 2 ? (b >> 5) + 1 : 2] << 32 | w[b >> 5]) >> (b & 31);
-        idx = (int) (x & 7u);
-        return s * m * tab.cent3[idx];
-    }
-    const uint8_t * by = reinterpret_cast<const uint8_t *>(blk + 1);
-    idx = d < 64 ? by[d] & 15 : by[d - 64] >> 4;
-    return s * m * tab.cent4[idx];
-}
-
 template <int T, int VAR> static void vb_launch(const char * dV, int n_tiles, int nb21, float * dO, const tq_cu_tables & tab, int blocks) {
     vb_kernel<T, VAR><<<blocks, VB_WARPS * 32>>>(dV, n_tiles, nb21, dO, tab);
     CK(cudaGetLastError());
@@ -204,11 +182,11 @@ template <int T> static bool vb_type(const char * name, int nsm, double gbs) {
             for (int tile = 0; tile < n_tiles; ++tile) {
                 const int w = tile % nw;
                 for (int key = 0; key < TQ_MMA_KEYS; ++key) {
-                    const uint32_t * blk = hv.data() + ((size_t) tile * TQ_MMA_KEYS + key) * VW;
+                    float vr[128]; // the codec's rotated-domain values (s * m * c[idx]), as the kernels read them
+                    tq_dequantize_row_rotated(bits, hv.data() + ((size_t) tile * TQ_MMA_KEYS + key) * VW, vr, 128);
                     for (int d = 0; d < 128; ++d) {
-                        const float v = vb_value(bits, blk, d, tab);
                         for (int c = 0; c < 8; ++c) {
-                            ref[((size_t) w * 8 + c) * 128 + d] += __half2float(__float2half(vb_p(tile, key, c))) * v;
+                            ref[((size_t) w * 8 + c) * 128 + d] += __half2float(__float2half(vb_p(tile, key, c))) * vr[d];
                         }
                     }
                 }
