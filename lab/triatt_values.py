@@ -34,9 +34,6 @@ from llama_tq.models import default_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_triatt_oracle as oracle  # the dump and the oracle: one implementation
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from triatt_hindsight import observed  # SnapKV's observation: the attention the last w queries before T paid
-
 N, T, W = oracle.N, oracle.T, oracle.WINDOW
 LAMBDAS = (0.25, 0.5, 1.0, 2.0)
 UBATCH, WARM = 128, 512  # rolling rounds: after every ubatch once calibrated (on the first WARM queries)
@@ -83,16 +80,17 @@ class Attention:
                 e = np.exp(lg - lg.max(1, keepdims=True))
                 self.heads.append((e, v[:, hk].astype(np.float64)))
         self.vnorm_log /= n_layers
-        self.full = [(e / e.sum(1, keepdims=True)) @ v for e, v in self.heads]
+        probs = [e / e.sum(1, keepdims=True) for e, _ in self.heads]
+        self.full = [pr @ v for pr, (_, v) in zip(probs, self.heads, strict=True)]
         # later attention mass, and mass times value norm, of each cached position
-        self.mass = sum(((e / e.sum(1, keepdims=True))[:, :T]).sum(0) for e, _ in self.heads)
-        self.vmass = sum(((e / e.sum(1, keepdims=True))[:, :T]).sum(0) * np.linalg.norm(v[:T], axis=1)
-                         for e, v in self.heads)  # fmt: skip
+        self.mass = sum(pr[:, :T].sum(0) for pr in probs)
+        self.vmass = sum(pr[:, :T].sum(0) * np.linalg.norm(v[:T], axis=1)
+                         for pr, (_, v) in zip(probs, self.heads, strict=True))  # fmt: skip
 
     def observed(self, t: int, keep: np.ndarray, w: int = 32) -> np.ndarray:
         """Attention the w queries before t paid the kept keys before t (summed over layers and heads)."""
         obs = np.zeros(T)
-        cols = np.flatnonzero(np.concatenate([keep[:t], np.ones(0, bool)]))
+        cols = np.flatnonzero(keep[:t])
         for q, k in self.qk:
             lg = q[t - w : t] @ k[cols].T / np.sqrt(q.shape[1])
             lg[cols[None, :] > np.arange(t - w, t)[:, None]] = -np.inf
@@ -120,7 +118,7 @@ def main() -> None:
         dump = oracle.make_dump(Path(tmp))
         _, score = oracle.oracle_and_score(dump)
         att = Attention(dump)
-        snap = observed(dump, 32)
+    snap = att.observed(T, np.ones(T, bool))  # SnapKV's observation: the 32 queries before T over every key
     window = np.arange(T) >= T - W
     cand = np.flatnonzero(~window)
     logw = att.vnorm_log[:T] - att.vnorm_log[:T].mean()

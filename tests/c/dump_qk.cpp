@@ -1,11 +1,11 @@
 // Dumps the post-RoPE queries and keys ("Qcur-<il>" / "Kcur-<il>" ROPE outputs) and the values ("Vcur-<il>", the
 // 3-D tensor the cache stores) of every layer while a model reads a text, for the eviction oracle
-// (tests/test_triatt_oracle.py) and lab/triatt_hindsight.py. Built against the installed libllama.
+// (tests/test_triatt_oracle.py, lab/triatt_hindsight.py, lab/triatt_values.py). Built against the installed libllama.
 //
 //   dump_qk MODEL TEXT N_TOKENS OUT_DIR
 //
-// Writes OUT_DIR/q<il>.f32 (n_tok x n_head x head_dim), OUT_DIR/k<il>.f32 and v<il>.f32 (n_tok x n_head_kv x head_dim) and
-// OUT_DIR/meta.txt: one line per layer "il n_head n_head_kv head_dim n_rot neox freq_base freq_scale" taken from
+// Writes OUT_DIR/q<il>.f32 (n_tok x n_head x head_dim), OUT_DIR/k<il>.f32 and v<il>.f32 (n_tok x n_head_kv x
+// head_dim) and OUT_DIR/meta.txt: one line per layer "il n_head n_head_kv head_dim n_rot neox freq_base freq_scale" taken from
 // the ROPE ops themselves.
 #include <cstdio>
 #include <cstdlib>
