@@ -97,8 +97,11 @@ stage_build() {
     return "$rc"
 }
 
+# the C codec as an object for the standalone GPU programs (the reference they check against)
+codec_obj() { gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o"; }
+
 stage_exact() {
-    gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    codec_obj || return 1
     nvcc -O2 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
         tests/cuda/tq_quant_exact.cu \
         "$W/tq_codec.o" -o "$W/tq_quant_exact" || return 1
@@ -106,7 +109,7 @@ stage_exact() {
 }
 
 stage_convert() { # the prefill converter's speed (lab/cuda/tq_convert_bench.cu); exactness is stage_exact's
-    [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    codec_obj || return 1
     nvcc -O3 -std=c++17 -arch=sm_"$ARCH" -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
         lab/cuda/tq_convert_bench.cu "$W/tq_codec.o" -o "$W/tq_convert_bench" || return 1
     "$W/tq_convert_bench" | tee "$RES/convert_bench.txt"
@@ -132,7 +135,7 @@ stage_perf() {
 }
 
 stage_kernel() {
-    gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    codec_obj || return 1
     nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
         lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench" || return 1
     local mode=()
@@ -143,7 +146,7 @@ stage_kernel() {
 stage_kernel_ab() { # KERNEL_PATCH (a lab/patches name): the harness of csrc and of csrc with that patch; the patched
     # one's correctness cases, then the perf cases of both, interleaved (KERNEL_AB_REPS rounds); fa_decode_ab.txt
     local name=${KERNEL_PATCH:?KERNEL_PATCH: a lab/patches name} ab="$W/ab" r v
-    [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    codec_obj || return 1
     rm -rf "$ab" && mkdir -p "$ab" && cp -r csrc "$ab/" && patch -s -p1 -d "$ab" < "lab/patches/$name.patch" || return 1
     for v in shipped "$name"; do
         local src=$PWD
@@ -165,7 +168,7 @@ stage_kernel_ab() { # KERNEL_PATCH (a lab/patches name): the harness of csrc and
 }
 
 stage_vstep() { # issue 45: is the V step's index spreading worth replacing? (the harness's header has the prediction)
-    [ -f "$W/tq_codec.o" ] || gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o" || return 1
+    codec_obj || return 1
     nvcc -O3 -std=c++17 -arch=sm_"$ARCH" -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
         lab/cuda/v_step_bench.cu "$W/tq_codec.o" -o "$W/v_step_bench" || return 1
     "$W/v_step_bench" | tee "$RES/v_step_bench.txt"
