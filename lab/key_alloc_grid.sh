@@ -18,10 +18,9 @@ dir=out/key_alloc
 case ${1:-} in
     prepare)
         if [ "${2:-}" = archived ]; then
-            mkdir -p "$dir"
-            tar xJf lab/archive/key_allocation-kld.tar.xz -O key_allocation-kld/key_alloc.txt > "$dir/key_alloc.txt"
-            tar xJf lab/archive/key_allocation-kld.tar.xz -O key_allocation-kld/key_alloc_tq3layout.txt \
-                > "$dir/key_alloc_tq3layout.txt"
+            mkdir -p "$dir" # tar writes each file whole or fails (no half-written file behind a redirection)
+            tar xJf lab/archive/key_allocation-kld.tar.xz -C "$dir" --strip-components=1 \
+                key_allocation-kld/key_alloc.txt key_allocation-kld/key_alloc_tq3layout.txt
         fi
         [ -f "$dir/key_alloc.txt" ] || { echo "no $dir/key_alloc.txt: run lab/key_allocation.py --emit first" >&2; exit 1; }
         git show f9a36a1^:python/llama_tq/harness/niah.py > "$dir/niah_grid_prompts.py"
