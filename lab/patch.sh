@@ -5,13 +5,12 @@
 #   bash lab/patch.sh apply cuda-phases     # clock stamps at the quantizer's and the FA kernel's phases
 #   bash lab/patch.sh apply keys-measuring  # LLAMA_TQ_KEYS_EMULATE / _TEST_OFFSET / _BASIS_SHRINK in libllama
 #   bash lab/patch.sh apply key-bias-fuse   # draft: the K bias's decode mask term fused on CUDA (one kernel)
-#   bash lab/patch.sh apply v-smem          # draft: tq3 V decoded to shared memory, A by ldmatrix.trans (issue 45)
 #   bash lab/patch.sh revert NAME           # exactly undo it
 #   bash lab/patch.sh check NAME            # does it apply?
 # git apply changes nothing when a patch does not apply.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 2 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
 action=$1 patch=lab/patches/$2.patch
 [ -f "$patch" ] || { echo "no such lab patch: $patch (have: $(cd lab/patches && ls -- *.patch | tr '\n' ' '))" >&2; exit 2; }
 case $action in

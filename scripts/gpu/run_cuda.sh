@@ -8,7 +8,7 @@
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (lab/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
-#   kernel_ab  the harness with and without the lab patch KERNEL_PATCH (e.g. v-smem): correctness, then perf rounds
+#   kernel_ab  the harness with and without the lab patch KERNEL_PATCH: correctness, then perf rounds
 #   vstep  the tensor-core kernel's V step alone, shipped vs decoded to shared memory (lab/cuda/v_step_bench.cu)
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
