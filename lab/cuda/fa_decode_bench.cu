@@ -6,7 +6,7 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
 //        lab/cuda/fa_decode_bench.cu tq_codec.o -o fa_decode_bench
 //   ./fa_decode_bench            correctness cases, then the perf cases; exit 1 on any mismatch
-//   ./fa_decode_bench perf [N]   the perf cases only (or only the N-th)
+//   ./fa_decode_bench perf [N]   the perf cases only (or only the N-th; N = tq: the TQ-pair cases only)
 //   ./fa_decode_bench phases     (-DTQ_FA_PHASES, after `bash lab/patch.sh apply cuda-phases`) where a single-pass block's time goes at depth 0
 //   ./fa_decode_bench short      decode at short KV (1 sequence, as llama-bench at depth 0): the host's chunking,
 //                                then one chunk (the tensor-core kernel's single pass), per KV length
@@ -464,7 +464,8 @@ int main(int argc, char ** argv) {
         printf("%s\n", ok ? "all cases match the C codec reference" : "MISMATCH");
         return ok ? 0 : 1;
     }
-    const int only = argc > 2 ? atoi(argv[2]) : -1; // perf N: only the N-th perf case (for profilers)
+    const bool tq_only = argc > 2 && strcmp(argv[2], "tq") == 0; // perf tq: the 12 TQ-pair cases (kernel_ab)
+    const int only = argc > 2 && !tq_only ? atoi(argv[2]) : -1; // perf N: only the N-th perf case (for profilers)
     int n = 0;
     for (auto & k : kinds) {
         for (const Case & c : {Case{128, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true},
@@ -479,14 +480,14 @@ int main(int argc, char ** argv) {
     for (auto & k : kinds16) {
         for (const Case & c : {Case{128, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true},
                                Case{256, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true}}) {
-            if (only < 0 || only == n) {
+            if (!tq_only && (only < 0 || only == n)) {
                 ok &= run_case(c, nsm, rng, gbs);
             }
             ++n;
         }
     }
     for (auto & k : kinds64) {
-        if (only < 0 || only == n) {
+        if (!tq_only && (only < 0 || only == n)) {
             ok &= run_case(Case{64, 32768, 8, 4, 1, 4, k[0], k[1], true, 0.0f, true}, nsm, rng, gbs);
         }
         ++n;

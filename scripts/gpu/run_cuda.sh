@@ -8,7 +8,8 @@
 #   ops    test-backend-ops test -b CUDA0 for every TQ case of SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (lab/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
-#   kernel_ab  the harness with and without the lab patch KERNEL_PATCH: correctness, then perf rounds
+#   kernel_ab  the harness as shipped and with the lab patch KERNEL_PATCH and/or nvcc flags KERNEL_DEFINES (e.g.
+#          -DTQ_MMA_STAGES=3): the variant's correctness, then interleaved perf rounds of the TQ pairs
 #   vstep  the tensor-core kernel's V step alone, shipped vs decoded to shared memory (lab/cuda/v_step_bench.cu)
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
@@ -34,6 +35,8 @@
 #          NCU_EXTRA adds ncu flags ("--cache-control none --clock-control none": warm caches, boost clocks)
 #   graphppl  llama-perplexity with the TQ decode kernels in real graphs (ubatches of 1, 8, 128): GPU vs CPU
 #   ncu    Nsight Compute on one tq3 decode launch of the 4-sequence case (speed of light, occupancy)
+#   ncu_kernel  Nsight Compute on the harness's tensor-core kernel (no llama.cpp build): stall reasons, occupancy,
+#          memory throughput of the 4 x 8 and 1 x 4 x 32K tq3/tq3 cases; KERNEL_DEFINES as kernel_ab's
 #   multigpu  two GPUs with TQ caches (issue 43): llama-perplexity of a head-128 synthetic model, -sm none / layer / tensor
 #          (f16, tq3; -sm row: the pinned CUDA backend has no split buffers, f16 included), llama-bench pp512 / tg128
 #          of the 8B shape at depths 0 and 32768 with each split
@@ -143,25 +146,29 @@ stage_kernel() {
     "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'
 }
 
-stage_kernel_ab() { # KERNEL_PATCH (a lab/patches name): the harness of csrc and of csrc with that patch; the patched
-    # one's correctness cases, then the perf cases of both, interleaved (KERNEL_AB_REPS rounds); fa_decode_ab.txt
-    local name=${KERNEL_PATCH:?KERNEL_PATCH: a lab/patches name} ab="$W/ab" r v
+stage_kernel_ab() { # the harness of csrc as shipped against a variant: csrc with the lab patch KERNEL_PATCH and/or
+    # built with KERNEL_DEFINES (nvcc flags, e.g. -DTQ_MMA_STAGES=3); the variant's correctness cases, then the TQ-pair
+    # perf cases of both, interleaved (KERNEL_AB_REPS rounds, ~40 s a run on an H200); fa_decode_ab.txt
+    local name=${KERNEL_PATCH:-} ab="$W/ab" r v defs=()
+    read -ra defs <<< "${KERNEL_DEFINES:-}"
+    [ -n "$name" ] || [ ${#defs[@]} -gt 0 ] || { echo "kernel_ab: set KERNEL_PATCH and/or KERNEL_DEFINES" >&2; return 1; }
     codec_obj || return 1
-    rm -rf "$ab" && mkdir -p "$ab" && cp -r csrc "$ab/" && patch -s -p1 -d "$ab" < "lab/patches/$name.patch" || return 1
-    for v in shipped "$name"; do
-        local src=$PWD
-        [ "$v" = shipped ] || src=$ab
-        nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -I"$src/csrc/codec" \
+    rm -rf "$ab" && mkdir -p "$ab" && cp -r csrc "$ab/" || return 1
+    if [ -n "$name" ]; then patch -s -p1 -d "$ab" < "lab/patches/$name.patch" || return 1; fi
+    for v in shipped variant; do
+        local src=$PWD extra=()
+        [ "$v" = shipped ] || { src=$ab; extra=("${defs[@]}"); }
+        nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 "${extra[@]}" -I"$src/csrc/codec" \
             -I"$src/csrc/llama.cpp/ggml/src/ggml-cuda/tq" lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" \
             -o "$W/fa_decode_bench_$v" || return 1
     done
-    "$W/fa_decode_bench_$name" > "$RES/fa_decode_ab_correctness.txt" || { grep -v ' ok$' "$RES/fa_decode_ab_correctness.txt"; return 1; }
+    echo "variant: ${name:-no patch} ${defs[*]}" | tee "$RES/fa_decode_ab.txt"
+    "$W/fa_decode_bench_variant" > "$RES/fa_decode_ab_correctness.txt" || { grep -v ' ok$' "$RES/fa_decode_ab_correctness.txt"; return 1; }
     tail -1 "$RES/fa_decode_ab_correctness.txt"
-    : > "$RES/fa_decode_ab.txt"
     for r in $(seq "${KERNEL_AB_REPS:-2}"); do
-        for v in shipped "$name"; do
+        for v in shipped variant; do
             echo "== $v round $r" >> "$RES/fa_decode_ab.txt"
-            "$W/fa_decode_bench_$v" perf >> "$RES/fa_decode_ab.txt" || return 1
+            "$W/fa_decode_bench_$v" perf tq >> "$RES/fa_decode_ab.txt" || return 1
         done
     done
     grep -E '^==|mma' "$RES/fa_decode_ab.txt" | sed 's/| ok //; s/softcap  0.0 //'
@@ -396,6 +403,26 @@ stage_ncu() {
     local rc=$?
     grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Theoretical Occupancy|Stall' \
         "$RES/ncu_tq3_decode.txt" | head -20
+    return "$rc"
+}
+
+stage_ncu_kernel() { # ncu on the harness's tensor-core kernel, no llama.cpp build needed: warp stall reasons, occupancy
+    # and memory throughput of the 4 x 8 and 1 x 4 x 32K tq3/tq3 cases (fa_decode_bench perf 0 / 1), built as
+    # kernel_ab's variant (KERNEL_DEFINES); ncu_kernel_N.txt
+    local defs=() n rc=0
+    read -ra defs <<< "${KERNEL_DEFINES:-}"
+    codec_obj || return 1
+    nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -lineinfo "${defs[@]}" -Icsrc/codec \
+        -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench_ncu" ||
+        return 1
+    for n in 0 1; do
+        ncu --kernel-name regex:tq_fa_mma_kernel --launch-count 1 --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
+            "$W/fa_decode_bench_ncu" perf "$n" > "$RES/ncu_kernel_$n.txt" 2>&1 || rc=1
+        echo "-- case $n ${defs[*]}"
+        grep -E 'Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|Eligible Warps|No Eligible|Stall' \
+            "$RES/ncu_kernel_$n.txt" | head -40
+    done
     return "$rc"
 }
 
