@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Issue 47 gate 2: the 40-cell NIAH grid with keys coded by lab/key_allocation.py's scheme in an f16 K cache (the
-# keys-measuring hook, LLAMA_TQ_KEYS_EMULATE=alloc:FILE through the harness options @alloc / @alloc3), on the prompts
-# the grid's thresholds were set on (bench/results/niah_grid: the harness before f9a36a1, which put the needle at a
-# sentence boundary; today's harness puts it at a piece boundary and its prompts are easier for tq3 keys).
+# keys-measuring hook, LLAMA_TQ_KEYS_EMULATE=alloc:FILE through the harness options @alloc / @alloc3 / @allocp), on
+# the prompts the grid's thresholds were set on (bench/results/niah_grid: the harness before f9a36a1, which put the
+# needle at a sentence boundary; today's harness puts it at a piece boundary and its prompts are easier for tq3 keys).
 #   here:  bash lab/patch.sh apply keys-measuring && PIECE=55M scripts/gpu/pack.sh
 #          python lab/key_allocation.py --tokens 4096 --cal 2048 --all-layers --emit --out out/key_alloc  # or global
 #          bash lab/key_alloc_grid.sh prepare      # the grid prompts' harness and the haystack into out/key_alloc
 #          (or `prepare archived`: the all-layer allocation the KLD run used, from lab/archive/key_allocation-kld,
-#          identical to what the line above writes, without its ~12-minute capture)
+#          identical to what the line above writes, without its ~12-minute capture; and key_alloc_profile.txt,
+#          every layer with one shared width profile, from lab/archive/key_allocation-profile: `--profiles --emit`)
 #   GPU:   carry .gpu and out/key_alloc (the model pieces over several calls into $WORK, as run_cuda.sh's niah stage
 #          joins them), BUILD_TARGETS="llama-completion llama-tokenize" scripts/gpu/run_cuda.sh build, then
 #          bash lab/key_alloc_grid.sh run 16384   # KV=... to choose the configurations; results in $RES
+#          KV=f16/tq3@allocp,f16/q8_0@allocp bash lab/key_alloc_grid.sh run 16384   # one profile, every layer
 #   then:  python bench/niah_grid.py <results> --ref tq3/q8_0 (bench/results/key_allocation.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,8 @@ case ${1:-} in
             mkdir -p "$dir" # tar writes each file whole or fails (no half-written file behind a redirection)
             tar xJf lab/archive/key_allocation-kld.tar.xz -C "$dir" --strip-components=1 \
                 key_allocation-kld/key_alloc.txt key_allocation-kld/key_alloc_tq3layout.txt
+            tar xJf lab/archive/key_allocation-profile.tar.xz -C "$dir" --strip-components=1 \
+                key_allocation-profile/key_alloc_profile.txt # one width profile for every layer (@allocp)
         fi
         [ -f "$dir/key_alloc.txt" ] || { echo "no $dir/key_alloc.txt: run lab/key_allocation.py --emit first" >&2; exit 1; }
         git show f9a36a1^:python/llama_tq/harness/niah.py > "$dir/niah_grid_prompts.py"
@@ -42,7 +46,7 @@ case ${1:-} in
         scripts/gpu/run_cuda.sh niah
         ;;
     *)
-        sed -n '2,14p' "$0" >&2
+        sed -n '2,16p' "$0" >&2
         exit 2
         ;;
 esac

@@ -20,6 +20,7 @@ Per global layer (one KV head on this model) it measures
   bits) checks the emulation (a ~ 1).
 
     python lab/key_allocation.py [--tokens 16384] [--cal 2048] [--cal-text FILE] [--out out/lab]
+    python lab/key_allocation.py --tokens 4096 --cal 2048 --all-layers --profiles   # one profile for all layers?
 
 Writes key_allocation.json (gate1_a per global layer, the widths, bits per value) and prints a table.
 """
@@ -34,6 +35,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import gguf
 import numpy as np
@@ -220,6 +222,62 @@ def logit_error(cq: np.ndarray, err: np.ndarray) -> float:
     return float(np.sum(cq * (err.T @ err) / err.shape[0]))
 
 
+class LayerCtx(NamedTuple):
+    """One (layer, KV head) as main() scored it: its calibrated pair order, stored-domain keys, transforms, the
+    evaluation's keys and query moments, tq3's error, and the calibration energies in that order."""
+
+    il: int
+    h: int
+    order: np.ndarray
+    base: np.ndarray
+    s: np.ndarray
+    mu: np.ndarray
+    kv: np.ndarray
+    cq: np.ndarray
+    err_tq3: float
+    qe_o: np.ndarray
+    ke_o: np.ndarray
+
+
+def fixed_profiles(ctx: list[LayerCtx], rows: list[dict], budget: int) -> dict:
+    """One (group sizes, widths) profile for every layer, so that a cache type could have one block layout (the
+    per-(layer, KV head) part then only the pair order and the rotations' signs): every layer's own best profile and
+    the best for the pooled energies (each layer's sorted energies normalized to sum 1, averaged), each applied to
+    every layer in that layer's energy order; a per layer, and their mean and worst against the per-layer optimum."""
+    d = ctx[0].base.shape[1]
+    cands: dict[str, tuple[tuple[int, ...], list[int]]] = {}
+    for r in rows:
+        c = r["scheme_calibration"]
+        cands.setdefault(" ".join(f"{p}:{b}" for p, b in zip(c["groups_pairs"], c["widths"], strict=True)),
+                         (tuple(c["groups_pairs"]), list(c["widths"])))  # fmt: skip
+    qe = np.mean([c.qe_o / c.qe_o.sum() for c in ctx], axis=0)
+    ke = np.mean([c.ke_o / c.ke_o.sum() for c in ctx], axis=0)
+    pooled = min(
+        ((*allocate(group_sums(qe, sz), group_sums(ke, sz), sz, budget), sz) for sz in groupings(d // 2)),
+        key=lambda t: t[0],
+    )
+    pooled_desc = " ".join(f"{p}:{b}" for p, b in zip(pooled[2], pooled[1], strict=True))
+    cands.setdefault(pooled_desc, (pooled[2], pooled[1]))
+    own = np.array([r["scheme_calibration"]["a"] for r in rows])
+    out = []
+    for desc, (sizes, ws) in cands.items():
+        a = []
+        for c in ctx:
+            kq = code_groups(c.base, scheme_groups(d, c.order, sizes, ws, 1000 * c.il)) / c.s + c.mu
+            a.append(float(np.sqrt(logit_error(c.cq, kq - c.kv) / c.err_tq3)))
+        names = [f"{c.il}.{c.h}" for c in ctx]
+        out.append({"profile": desc, "pooled": desc == pooled_desc, "a": dict(zip(names, a, strict=True)),
+                    "a_mean": float(np.mean(a)), "a_worst": float(np.max(a)),
+                    "worst_vs_own": float(np.max(np.array(a) / own))})  # fmt: skip
+    out.sort(key=lambda t: t["a_mean"])
+    print(f"\none profile for every layer ({len(ctx)} (layer, KV head)s; own optimum: mean a {own.mean():.3f}):")
+    for o in out:
+        tag = " (pooled)" if o["pooled"] else ""
+        head = f"  mean a {o['a_mean']:.3f} worst {o['a_worst']:.3f} worst/own {o['worst_vs_own']:.3f}"
+        print(f"{head}  {o['profile']}{tag}")
+    return {"own_a_mean": float(own.mean()), "profiles": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None)
@@ -230,6 +288,13 @@ def main() -> None:
     ap.add_argument("--bpv", type=float, default=3.25, help="bits a key value, side data included")
     ap.add_argument("--all-layers", action="store_true", help="every layer, not only the global ones (for KLD)")
     ap.add_argument("--out", type=Path, default=Path("out/lab"))
+    ap.add_argument(
+        "--profiles",
+        action="store_true",
+        help="also score one width profile shared by every layer (gate 3's fixed block layout): each layer's own "
+        "best and the pooled energies' best, applied to every layer in its own energy order (with --emit: "
+        "key_alloc_profile.txt, every layer with the pooled profile)",
+    )
     ap.add_argument(
         "--emit",
         action="store_true",
@@ -251,6 +316,7 @@ def main() -> None:
     ev = slice(args.cal, args.tokens)
     rows = []
     emitted: dict[str, Emitted] = {"": [], "_tq3layout": []}
+    ctx: list[LayerCtx] = []  # what --profiles re-codes each (layer, KV head) with
     for il in glob:
         q = cap[f"Qcur-{il}"].astype(np.float64)  # [T, Hq, D]
         k = cap[f"Kcur-{il}"].astype(np.float64)  # [T, Hkv, D]
@@ -297,6 +363,7 @@ def main() -> None:
                 groups = scheme_groups(d, order, sizes, ws, 1000 * il)
                 if src == "calibration":
                     emitted[""].append((il, h, d, groups))
+                    ctx.append(LayerCtx(il, h, order, base, s, mu, kv, cq, err_tq3, qe_o, ke_o))
                 kq = code_groups(base, groups) / s + mu
                 bits = sum(2 * p * b + (side_bits(2 * p) if b else 0) for p, b in zip(sizes, ws, strict=True))
                 results[src] = {
@@ -336,6 +403,14 @@ def main() -> None:
             "cal_text": str(args.cal_text) if args.cal_text else "the first --cal tokens of the text",
             "seconds": round(time.time() - t0)}  # fmt: skip
     out = {"meta": meta, "gate1_a": gate, "gate1_pass": passed, "rows": rows}
+    if args.profiles:
+        out["fixed_profiles"] = fixed_profiles(ctx, rows, int(args.bpv * ctx[0].base.shape[1]))
+        pooled = next(o["profile"] for o in out["fixed_profiles"]["profiles"] if o["pooled"])
+        sizes = tuple(int(g.split(":")[0]) for g in pooled.split())
+        ws = [int(g.split(":")[1]) for g in pooled.split()]
+        emitted["_profile"] = [  # every layer with the pooled profile, in its own pair order (@allocp)
+            (c.il, c.h, c.base.shape[1], scheme_groups(c.base.shape[1], c.order, sizes, ws, 1000 * c.il)) for c in ctx
+        ]
     (args.out / "key_allocation.json").write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out / 'key_allocation.json'}")
     if args.emit:
