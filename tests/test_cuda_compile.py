@@ -148,7 +148,6 @@ def test_cuda_sources_compile(patched: Path, tmp_path: Path) -> None:
         ("lab/cuda/tq_convert_bench.cu", [], ""),
         ("lab/cuda/quant_phases_bench.cu", [], "cuda-phases"),
         ("lab/cuda/v_step_bench.cu", [], ""),
-        ("lab/cuda/fa_decode_bench.cu", ["-DTQ_MMA_STAGES=3"], ""),  # kernel_ab's deeper pipeline (NOTES.md v26)
     ],
 )
 def test_standalone_gpu_programs_build(source: str, defines: list[str], lab_patch: str, tmp_path: Path) -> None:

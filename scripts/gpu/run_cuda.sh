@@ -9,7 +9,7 @@
 #   perf   test-backend-ops perf of FLASH_ATTN_EXT decode/prefill, all KV types side by side (heads 128 and 256)
 #   kernel the standalone decode harness (lab/cuda/fa_decode_bench.cu): SIMT vs tensor-core kernel vs C codec
 #   kernel_ab  the harness as shipped and with the lab patch KERNEL_PATCH and/or nvcc flags KERNEL_DEFINES (e.g.
-#          -DTQ_MMA_STAGES=3): the variant's correctness, then interleaved perf rounds of the TQ pairs
+#          -DTQ_MMA_MIN_BLOCKS=5): the variant's correctness, then interleaved perf rounds of the TQ pairs
 #   vstep  the tensor-core kernel's V step alone, shipped vs decoded to shared memory (lab/cuda/v_step_bench.cu)
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
@@ -147,8 +147,8 @@ stage_kernel() {
 }
 
 stage_kernel_ab() { # the harness of csrc as shipped against a variant: csrc with the lab patch KERNEL_PATCH and/or
-    # built with KERNEL_DEFINES (nvcc flags, e.g. -DTQ_MMA_STAGES=3); the variant's correctness cases, then the TQ-pair
-    # perf cases of both, interleaved (KERNEL_AB_REPS rounds, ~40 s a run on an H200); fa_decode_ab.txt
+    # built with KERNEL_DEFINES (nvcc flags, e.g. -DTQ_MMA_MIN_BLOCKS=5); the variant's correctness cases, then the
+    # TQ-pair perf cases of both, interleaved (KERNEL_AB_REPS rounds, ~40 s a run on an H200); fa_decode_ab.txt
     local name=${KERNEL_PATCH:-} ab="$W/ab" r v defs=()
     read -ra defs <<< "${KERNEL_DEFINES:-}"
     [ -n "$name" ] || [ ${#defs[@]} -gt 0 ] || { echo "kernel_ab: set KERNEL_PATCH and/or KERNEL_DEFINES" >&2; return 1; }

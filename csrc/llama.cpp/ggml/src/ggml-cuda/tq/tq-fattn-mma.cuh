@@ -13,8 +13,8 @@
 //  - V: O^T = V^T P^T with A = the value tile (rows = coordinates, columns = keys) and B = P^T. A m-tile never
 //    leaves one sub-block, so s * m of each key folds into B and A is pure codebook values: a pair-table lookup
 //    per two keys. Lane (g, t) holds the coordinates 32k + 4g .. 32k + 4g + 3 of each sub-block k: one index field.
-//  - Both tiles come through shared memory with 4-byte cp.async, two stages per warp (tq_mma_stages); the pair
-//    tables are replicated across banks (tq3 32 copies, tq4 16 or 8) so that data-dependent lookups rarely conflict.
+//  - Both tiles come through shared memory with 4-byte cp.async, two stages per warp; the pair tables are
+//    replicated across banks (tq3 32 copies, tq4 16 or 8) so that data-dependent lookups rarely conflict.
 // The decode is ~2 instructions per value and the multiply-adds are the tensor cores', against ~8 per value
 // for the SIMT kernel (bench/results/cuda/NOTES.md).
 #pragma once
@@ -23,9 +23,7 @@
 
 #define TQ_MMA_WARPS  4
 #define TQ_MMA_KEYS   16 // keys per warp tile
-#ifndef TQ_MMA_STAGES
-#define TQ_MMA_STAGES 2 // tq_mma_stages (below); a lab build may ask for more (-DTQ_MMA_STAGES=3)
-#endif
+#define TQ_MMA_STAGES 2
 #ifndef TQ_MMA_MIN_BLOCKS
 #define TQ_MMA_MIN_BLOCKS 4 // head 128: 4 blocks (16 warps) per SM, i.e. at most 128 registers
 #endif
@@ -40,15 +38,6 @@ template <int T, int D> struct tq_mma_lut_t {
     static constexpr int LOG2_STRIDE = REP == 32 ? 7 : REP == 16 ? 6 : 5; // log2(REP * 4 bytes): the entry stride
     static_assert(1 << LOG2_STRIDE == REP * 4, "a copy count the lookup's mask does not cover");
 };
-
-// Tiles a warp keeps in flight + 1: TQ_MMA_STAGES where those buffers (shared with the parked output) and the fixed
-// arrays fit 48 KB of static shared memory, else 2.
-static __host__ __device__ constexpr int tq_mma_stages(int tile_words, int out_words, int fixed_words) {
-    return (TQ_MMA_WARPS * TQ_MMA_STAGES * tile_words > out_words ? TQ_MMA_WARPS * TQ_MMA_STAGES * tile_words : out_words) +
-                       1 + fixed_words <= 48 * 1024 / 4
-               ? TQ_MMA_STAGES
-               : 2;
-}
 
 static __device__ __forceinline__ uint32_t tq_mma_h2(float lo, float hi) {
     const half2 h = __floats2half2_rn(lo, hi);
@@ -281,9 +270,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     // at D = 256 four would pass the 48 KB of static shared memory)
     constexpr int OUT_SLOTS = D == 128 ? 4 : 2;
     constexpr int OUT_WORDS = OUT_SLOTS * 8 * D;
-    constexpr int FIXED_WORDS = LK::WORDS + (SAME ? 1 : LV::WORDS) + 16 + 2 * TQ_MMA_WARPS * 8 + 8 + 2 * TQ_MMA_WARPS;
-    constexpr int STAGES = tq_mma_stages(TILE_WORDS, OUT_WORDS, FIXED_WORDS); // the arrays declared below
-    constexpr int STAGE_WORDS = TQ_MMA_WARPS * STAGES * TILE_WORDS;
+    constexpr int STAGE_WORDS = TQ_MMA_WARPS * TQ_MMA_STAGES * TILE_WORDS;
 
     __shared__ __align__(16) uint32_t stage[(STAGE_WORDS > OUT_WORDS ? STAGE_WORDS : OUT_WORDS) + 1]; // + 1: tq_mma_bits_rt
     __shared__ uint32_t lutk[LK::WORDS];
@@ -443,7 +430,7 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     k1 = max(k0, k1); // every key masked: no tile (M = -inf, L = 0, as the merge expects of an empty chunk)
     const int n_tiles = (k1 - k0 + TQ_MMA_KEYS - 1) / TQ_MMA_KEYS;
 
-    uint32_t * wst = stage + warp * STAGES * TILE_WORDS;
+    uint32_t * wst = stage + warp * TQ_MMA_STAGES * TILE_WORDS;
     // Copy slots: word w = lane + 32 s of the tile's K rows then V rows (consecutive lanes, consecutive words:
     // the fewest L1 wavefronts per instruction for 4-byte aligned rows). Offsets are fixed per lane and unsigned,
     // so a copy is a 64-bit add and the cp.async; a full tile (all but a chunk's last) needs no bounds checks.
@@ -510,19 +497,16 @@ __global__ void __launch_bounds__(TQ_MMA_WARPS * 32, D == 128 ? TQ_MMA_MIN_BLOCK
     }
 
     const int n_it = (n_tiles + TQ_MMA_WARPS - 1) / TQ_MMA_WARPS;
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-        load_tile(st, st);
-    }
+    load_tile(0, 0);
     for (int it = 0; it < n_it; ++it) {
-        load_tile(it + STAGES - 1, (it + STAGES - 1) % STAGES); // STAGES - 1 tiles ahead of the one computed
-        tq_mma_cp_wait<STAGES - 1>();
+        load_tile(it + 1, (it + 1) % TQ_MMA_STAGES);
+        tq_mma_cp_wait<1>();
         __syncwarp();
         { // every warp runs every iteration (a tile past the chunk has nk <= 0: scores -inf, weights 0), so the
           // warp-collective instructions below never sit in divergent code
             const int t0 = k0 + (it * TQ_MMA_WARPS + warp) * TQ_MMA_KEYS;
             const int nk = min(TQ_MMA_KEYS, k1 - t0);
-            const uint32_t * ks = wst + (it % STAGES) * TILE_WORDS;
+            const uint32_t * ks = wst + (it % TQ_MMA_STAGES) * TILE_WORDS;
             const uint32_t * vs = ks + TQ_MMA_KEYS * KW;
 
             // ---- S^T = K Q^T: A = the key tile (lane rows: keys g and g + 8, each one sub-block t as above), B = the
