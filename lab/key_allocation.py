@@ -237,13 +237,15 @@ class LayerCtx(NamedTuple):
     err_tq3: float
     qe_o: np.ndarray
     ke_o: np.ndarray
+    order_weights: np.ndarray  # the pair order from the q/k norm gains alone (no calibration)
 
 
 def fixed_profiles(ctx: list[LayerCtx], rows: list[dict], budget: int) -> dict:
     """One (group sizes, widths) profile for every layer, so that a cache type could have one block layout (the
     per-(layer, KV head) part then only the pair order and the rotations' signs): every layer's own best profile and
     the best for the pooled energies (each layer's sorted energies normalized to sum 1, averaged), each applied to
-    every layer in that layer's energy order; a per layer, and their mean and worst against the per-layer optimum."""
+    every layer in that layer's energy order (the pooled one also in the order of the q/k norm gains alone, which
+    needs no calibration); a per layer, and their mean and worst against the per-layer optimum."""
     d = ctx[0].base.shape[1]
     cands: dict[str, tuple[tuple[int, ...], list[int]]] = {}
     for r in rows:
@@ -261,18 +263,22 @@ def fixed_profiles(ctx: list[LayerCtx], rows: list[dict], budget: int) -> dict:
     own = np.array([r["scheme_calibration"]["a"] for r in rows])
     out = []
     for desc, (sizes, ws) in cands.items():
-        a = []
-        for c in ctx:
-            kq = code_groups(c.base, scheme_groups(d, c.order, sizes, ws, 1000 * c.il)) / c.s + c.mu
-            a.append(float(np.sqrt(logit_error(c.cq, kq - c.kv) / c.err_tq3)))
-        names = [f"{c.il}.{c.h}" for c in ctx]
-        out.append({"profile": desc, "pooled": desc == pooled_desc, "a": dict(zip(names, a, strict=True)),
-                    "a_mean": float(np.mean(a)), "a_worst": float(np.max(a)),
-                    "worst_vs_own": float(np.max(np.array(a) / own))})  # fmt: skip
+        for by in ("calibration", "weights") if desc == pooled_desc else ("calibration",):
+            a = []
+            for c in ctx:
+                order = c.order if by == "calibration" else c.order_weights
+                kq = code_groups(c.base, scheme_groups(d, order, sizes, ws, 1000 * c.il)) / c.s + c.mu
+                a.append(float(np.sqrt(logit_error(c.cq, kq - c.kv) / c.err_tq3)))
+            names = [f"{c.il}.{c.h}" for c in ctx]
+            out.append({"profile": desc, "pooled": desc == pooled_desc, "order": by,
+                        "a": dict(zip(names, a, strict=True)), "a_mean": float(np.mean(a)),
+                        "a_worst": float(np.max(a)), "worst_vs_own": float(np.max(np.array(a) / own))})  # fmt: skip
     out.sort(key=lambda t: t["a_mean"])
     print(f"\none profile for every layer ({len(ctx)} (layer, KV head)s; own optimum: mean a {own.mean():.3f}):")
     for o in out:
-        tag = " (pooled)" if o["pooled"] else ""
+        tag = (" (pooled)" if o["pooled"] else "") + (
+            "" if o["order"] == "calibration" else ", pair order from the gains"
+        )
         head = f"  mean a {o['a_mean']:.3f} worst {o['a_worst']:.3f} worst/own {o['worst_vs_own']:.3f}"
         print(f"{head}  {o['profile']}{tag}")
     return {"own_a_mean": float(own.mean()), "profiles": out}
@@ -363,7 +369,8 @@ def main() -> None:
                 groups = scheme_groups(d, order, sizes, ws, 1000 * il)
                 if src == "calibration":
                     emitted[""].append((il, h, d, groups))
-                    ctx.append(LayerCtx(il, h, order, base, s, mu, kv, cq, err_tq3, qe_o, ke_o))
+                    xw_pairs = xw[: d // 2] + xw[d // 2 :]
+                    ctx.append(LayerCtx(il, h, order, base, s, mu, kv, cq, err_tq3, qe_o, ke_o, np.argsort(-xw_pairs)))
                 kq = code_groups(base, groups) / s + mu
                 bits = sum(2 * p * b + (side_bits(2 * p) if b else 0) for p, b in zip(sizes, ws, strict=True))
                 results[src] = {
@@ -405,7 +412,9 @@ def main() -> None:
     out = {"meta": meta, "gate1_a": gate, "gate1_pass": passed, "rows": rows}
     if args.profiles:
         out["fixed_profiles"] = fixed_profiles(ctx, rows, int(args.bpv * ctx[0].base.shape[1]))
-        pooled = next(o["profile"] for o in out["fixed_profiles"]["profiles"] if o["pooled"])
+        pooled = next(
+            o["profile"] for o in out["fixed_profiles"]["profiles"] if o["pooled"] and o["order"] == "calibration"
+        )
         sizes = tuple(int(g.split(":")[0]) for g in pooled.split())
         ws = [int(g.split(":")[1]) for g in pooled.split()]
         emitted["_profile"] = [  # every layer with the pooled profile, in its own pair order (@allocp)
