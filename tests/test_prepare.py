@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import io
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,37 @@ def test_corrupt_cache_is_refetched_or_refused(tmp_path: Path, monkeypatch: pyte
         base.fetch_sdist(verbose=False)
     assert calls, "a corrupt cached file must trigger a new download"
     assert not (tmp_path / base.SDIST_FILE).exists()
+
+
+def _sdist(path: Path, members: list[tuple[str, bytes | None, str]]) -> Path:
+    """A small sdist-shaped .tar.gz: (name under the vendored prefix, file bytes or None, symbolic link target)."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data, link in members:
+            info = tarfile.TarInfo(base.VENDOR_PREFIX + name)
+            if data is None:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_extract_without_tarfile_filters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11.0-3.11.3 have no tarfile extraction filters: the base still extracts, with the same refusals
+    (a path or link leaving the tree), leaving nothing behind."""
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    good = _sdist(
+        tmp_path / "good.tar.gz", [("CMakeLists.txt", b"x", ""), ("src/a.c", b"y", ""), ("b.c", None, "src/a.c")]
+    )
+    tree = base.extract_base(tmp_path / "tree", good)
+    assert (tree / "src/a.c").read_bytes() == b"y" and (tree / "b.c").read_bytes() == b"y"
+    for bad in ([("../evil", b"z", "")], [("link", None, "../../etc/passwd")], [("abs", None, "/etc/passwd")]):
+        sdist = _sdist(tmp_path / "bad.tar.gz", [("ok.c", b"x", ""), *bad])
+        with pytest.raises(base.BaseError, match="outside the tree"):
+            base.extract_base(tmp_path / "bad", sdist)
+        assert not (tmp_path / "bad").exists() and not (tmp_path / "evil").exists()
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".extract-")] == []
 
 
 def test_user_tree_is_checked_copied_and_left_alone(tree: Path, tmp_path: Path) -> None:

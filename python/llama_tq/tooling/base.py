@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,20 @@ def fetch_sdist(verbose: bool = True) -> Path:
     return cached
 
 
+def _checked(members: list[tarfile.TarInfo], sdist: Path) -> list[tarfile.TarInfo]:
+    """The members, if each stays inside the extraction folder as the "data" filter demands: relative paths without
+    "..", plain files, folders and symbolic links that point inside; else BaseError (nothing extracted)."""
+    for m in members:
+        where = posixpath.join(posixpath.dirname(m.name), m.linkname) if m.issym() else m.name
+        for path in {m.name, where}:
+            if posixpath.isabs(path) or posixpath.normpath(path).split("/")[0] == "..":
+                raise BaseError(f"{sdist}: refusing to extract {m.name!r}: it points outside the tree")
+        if not (m.isfile() or m.isdir() or m.issym()):
+            raise BaseError(f"{sdist}: refusing to extract {m.name!r}: not a file, folder or symbolic link")
+        m.mode &= 0o755  # as the filter: no set-id bits, no write for others
+    return members
+
+
 def extract_base(dest: Path, sdist: Path | None = None) -> Path:
     """Extract the vendored llama.cpp tree into `dest` (which must not exist yet)."""
     sdist = sdist or fetch_sdist()
@@ -104,7 +119,10 @@ def extract_base(dest: Path, sdist: Path | None = None) -> Path:
                         members.append(m)
             if not members:
                 raise BaseError(f"{sdist} holds no {VENDOR_PREFIX}")
-            tar.extractall(tmp, members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, members=members, filter="data")
+            else:  # Python 3.11.0-3.11.3 have no extraction filters: the same refusals, checked here
+                tar.extractall(tmp, members=_checked(members, sdist))
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
