@@ -103,6 +103,14 @@ stage_build() {
 # the C codec as an object for the standalone GPU programs (the reference they check against)
 codec_obj() { gcc -O2 -std=c11 -ffp-contract=off -c csrc/codec/tq_codec.c -o "$W/tq_codec.o"; }
 
+# the decode harness (lab/cuda/fa_decode_bench.cu) against the csrc under SRC, as $W/NAME, more nvcc flags after
+fa_bench() { # SRC NAME [FLAG ...]
+    local src=$1 name=$2
+    shift 2
+    nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 "$@" -I"$src/csrc/codec" \
+        -I"$src/csrc/llama.cpp/ggml/src/ggml-cuda/tq" lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/$name"
+}
+
 stage_exact() {
     codec_obj || return 1
     nvcc -O2 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
@@ -139,8 +147,7 @@ stage_perf() {
 
 stage_kernel() {
     codec_obj || return 1
-    nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq \
-        lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench" || return 1
+    fa_bench "$PWD" fa_decode_bench || return 1
     local mode=()
     [ -n "${KERNEL_MODE:-}" ] && mode=("$KERNEL_MODE") # "perf": skip the correctness cases
     "$W/fa_decode_bench" "${mode[@]}" | tee "$RES/fa_decode_bench.txt" | grep -v ' ok$'
@@ -158,9 +165,7 @@ stage_kernel_ab() { # the harness of csrc as shipped against a variant: csrc wit
     for v in shipped variant; do
         local src=$PWD extra=()
         [ "$v" = shipped ] || { src=$ab; extra=("${defs[@]}"); }
-        nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 "${extra[@]}" -I"$src/csrc/codec" \
-            -I"$src/csrc/llama.cpp/ggml/src/ggml-cuda/tq" lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" \
-            -o "$W/fa_decode_bench_$v" || return 1
+        fa_bench "$src" "fa_decode_bench_$v" "${extra[@]}" || return 1
     done
     echo "variant: ${name:-no patch} ${defs[*]}" | tee "$RES/fa_decode_ab.txt"
     "$W/fa_decode_bench_variant" > "$RES/fa_decode_ab_correctness.txt" || { grep -v ' ok$' "$RES/fa_decode_ab_correctness.txt"; return 1; }
@@ -412,9 +417,7 @@ stage_ncu_kernel() { # ncu on the harness's tensor-core kernel, no llama.cpp bui
     local defs=() n rc=0
     read -ra defs <<< "${KERNEL_DEFINES:-}"
     codec_obj || return 1
-    nvcc -O3 -arch=sm_"$ARCH" -use_fast_math -std=c++17 -lineinfo "${defs[@]}" -Icsrc/codec \
-        -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq lab/cuda/fa_decode_bench.cu "$W/tq_codec.o" -o "$W/fa_decode_bench_ncu" ||
-        return 1
+    fa_bench "$PWD" fa_decode_bench_ncu -lineinfo "${defs[@]}" || return 1
     for n in 0 1; do
         ncu --kernel-name regex:tq_fa_mma_kernel --launch-count 1 --section SpeedOfLight --section Occupancy \
             --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
