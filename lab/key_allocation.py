@@ -34,6 +34,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -222,6 +223,11 @@ def logit_error(cq: np.ndarray, err: np.ndarray) -> float:
     return float(np.sum(cq * (err.T @ err) / err.shape[0]))
 
 
+def describe(sizes: Sequence[int], widths: Sequence[int]) -> str:
+    """A profile as "pairs:bits" groups, largest energy first."""
+    return " ".join(f"{p}:{b}" for p, b in zip(sizes, widths, strict=True))
+
+
 class LayerCtx(NamedTuple):
     """One (layer, KV head) as main() scored it: its calibrated pair order, stored-domain keys, transforms, the
     evaluation's keys and query moments, tq3's error, and the calibration energies in that order."""
@@ -240,26 +246,26 @@ class LayerCtx(NamedTuple):
     order_weights: np.ndarray  # the pair order from the q/k norm gains alone (no calibration)
 
 
-def fixed_profiles(ctx: list[LayerCtx], rows: list[dict], budget: int) -> dict:
+def fixed_profiles(ctx: list[LayerCtx], rows: list[dict], budget: int) -> tuple[dict, tuple[int, ...], list[int]]:
     """One (group sizes, widths) profile for every layer, so that a cache type could have one block layout (the
     per-(layer, KV head) part then only the pair order and the rotations' signs): every layer's own best profile and
     the best for the pooled energies (each layer's sorted energies normalized to sum 1, averaged), each applied to
     every layer in that layer's energy order (the pooled one also in the order of the q/k norm gains alone, which
-    needs no calibration); a per layer, and their mean and worst against the per-layer optimum."""
+    needs no calibration); a per layer, and their mean and worst against the per-layer optimum. Also returns the
+    pooled profile (group sizes, widths)."""
     d = ctx[0].base.shape[1]
     cands: dict[str, tuple[tuple[int, ...], list[int]]] = {}
     for r in rows:
         c = r["scheme_calibration"]
-        cands.setdefault(" ".join(f"{p}:{b}" for p, b in zip(c["groups_pairs"], c["widths"], strict=True)),
-                         (tuple(c["groups_pairs"]), list(c["widths"])))  # fmt: skip
+        cands.setdefault(describe(c["groups_pairs"], c["widths"]), (tuple(c["groups_pairs"]), list(c["widths"])))
     qe = np.mean([c.qe_o / c.qe_o.sum() for c in ctx], axis=0)
     ke = np.mean([c.ke_o / c.ke_o.sum() for c in ctx], axis=0)
-    pooled = min(
+    _, pooled_ws, pooled_sizes = min(
         ((*allocate(group_sums(qe, sz), group_sums(ke, sz), sz, budget), sz) for sz in groupings(d // 2)),
         key=lambda t: t[0],
     )
-    pooled_desc = " ".join(f"{p}:{b}" for p, b in zip(pooled[2], pooled[1], strict=True))
-    cands.setdefault(pooled_desc, (pooled[2], pooled[1]))
+    pooled_desc = describe(pooled_sizes, pooled_ws)
+    cands.setdefault(pooled_desc, (pooled_sizes, pooled_ws))
     own = np.array([r["scheme_calibration"]["a"] for r in rows])
     out = []
     for desc, (sizes, ws) in cands.items():
@@ -281,7 +287,7 @@ def fixed_profiles(ctx: list[LayerCtx], rows: list[dict], budget: int) -> dict:
         )
         head = f"  mean a {o['a_mean']:.3f} worst {o['a_worst']:.3f} worst/own {o['worst_vs_own']:.3f}"
         print(f"{head}  {o['profile']}{tag}")
-    return {"own_a_mean": float(own.mean()), "profiles": out}
+    return {"own_a_mean": float(own.mean()), "profiles": out}, pooled_sizes, pooled_ws
 
 
 def main() -> None:
@@ -355,7 +361,8 @@ def main() -> None:
 
             budget = int(args.bpv * d)
             results = {}
-            for src, px in (("calibration", pair_x), ("weights", xw[: d // 2] + xw[d // 2 :])):
+            xw_pairs = xw[: d // 2] + xw[d // 2 :]
+            for src, px in (("calibration", pair_x), ("weights", xw_pairs)):
                 order = np.argsort(-px)
                 qe_o = np.concatenate([qe[order], qe[order + d // 2]])
                 ke_o = np.concatenate([ke[order], ke[order + d // 2]])
@@ -369,7 +376,6 @@ def main() -> None:
                 groups = scheme_groups(d, order, sizes, ws, 1000 * il)
                 if src == "calibration":
                     emitted[""].append((il, h, d, groups))
-                    xw_pairs = xw[: d // 2] + xw[d // 2 :]
                     ctx.append(LayerCtx(il, h, order, base, s, mu, kv, cq, err_tq3, qe_o, ke_o, np.argsort(-xw_pairs)))
                 kq = code_groups(base, groups) / s + mu
                 bits = sum(2 * p * b + (side_bits(2 * p) if b else 0) for p, b in zip(sizes, ws, strict=True))
@@ -398,7 +404,7 @@ def main() -> None:
           f" {'bpv':>5s}  widths (pairs:bits)")  # fmt: skip
     for r in rows:
         c, w = r["scheme_calibration"], r["scheme_weights"]
-        desc = " ".join(f"{p}:{b}" for p, b in zip(c["groups_pairs"], c["widths"], strict=True))
+        desc = describe(c["groups_pairs"], c["widths"])
         print(f"{r['layer']:5d} {r['a_pred_waterfill']:7.3f} {r['a_tq3_emulated']:14.3f} {c['a']:15.3f}"
               f" {w['a']:18.3f} {c['bpv']:5.2f}  {desc}")  # fmt: skip
     gate = {str(r["layer"]): r["scheme_calibration"]["a"] for r in rows}
@@ -411,12 +417,7 @@ def main() -> None:
             "seconds": round(time.time() - t0)}  # fmt: skip
     out = {"meta": meta, "gate1_a": gate, "gate1_pass": passed, "rows": rows}
     if args.profiles:
-        out["fixed_profiles"] = fixed_profiles(ctx, rows, int(args.bpv * ctx[0].base.shape[1]))
-        pooled = next(
-            o["profile"] for o in out["fixed_profiles"]["profiles"] if o["pooled"] and o["order"] == "calibration"
-        )
-        sizes = tuple(int(g.split(":")[0]) for g in pooled.split())
-        ws = [int(g.split(":")[1]) for g in pooled.split()]
+        out["fixed_profiles"], sizes, ws = fixed_profiles(ctx, rows, int(args.bpv * ctx[0].base.shape[1]))
         emitted["_profile"] = [  # every layer with the pooled profile, in its own pair order (@allocp)
             (c.il, c.h, c.base.shape[1], scheme_groups(c.base.shape[1], c.order, sizes, ws, 1000 * c.il)) for c in ctx
         ]
