@@ -280,25 +280,27 @@ int tq_scaled_boundaries_n(int bits, int n, float m, float *out) {
     return 0;
 }
 
-/* Picks the multiplier of one sub-block (n/4 values): for each of the 16, nearest centroids of m * c and their
- * squared error, in a fixed order (SIMD and GPU kernels reproduce it bit for bit). Writes the indices of the
- * winner. */
-static unsigned tq_pick_fmt(const tq_fmt *f, const float *y, uint8_t *idx) {
-    const int len = f->n / 4;
-    const int nb = tq_levels(f->bits) - 1;
-    float sb[15];
+/* Picks the multiplier of one sub-block of len (<= 32) values coded with the 2^bits centroids cent (boundaries
+ * bounds): for each of the 16, nearest centroids of m * c and their squared error, in a fixed order (SIMD and GPU
+ * kernels reproduce it bit for bit). Writes the indices of the winner. */
+static unsigned tq_pick_book(int bits, const float *cent, const float *bounds, int len, const float *y,
+                             uint8_t *idx) {
+    const int nb = tq_levels(bits) - 1;
+    float sb[31];
     uint8_t cand[TQ_SUBBLOCK];
     float best_err = INFINITY;
     unsigned best = 0;
     for (unsigned j = 0; j < 16; ++j) {
         const float m = TQ_SUBSCALE[j];
-        tq_scaled_bounds_fmt(f, m, sb);
+        for (int t = 0; t < nb; ++t) {
+            sb[t] = m * bounds[t];
+        }
         /* Canonical summation order: 8 lanes (lane = i mod 8) summed in sequence, then the fixed tree
          * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), which 8-wide SIMD reproduces exactly. */
         float lane[8] = {0};
         for (int i = 0; i < len; ++i) {
             cand[i] = tq_nearest(sb, nb, y[i]);
-            const float d = y[i] - m * f->cent[cand[i]];
+            const float d = y[i] - m * cent[cand[i]];
             lane[i & 7] += d * d;
         }
         const float err = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
@@ -309,6 +311,11 @@ static unsigned tq_pick_fmt(const tq_fmt *f, const float *y, uint8_t *idx) {
         }
     }
     return best;
+}
+
+/* One sub-block (n/4 values) of a format. */
+static unsigned tq_pick_fmt(const tq_fmt *f, const float *y, uint8_t *idx) {
+    return tq_pick_book(f->bits, f->cent, f->bounds, f->n / 4, y, idx);
 }
 
 unsigned tq_pick_subscale(int bits, const float *y, uint8_t *idx) { return tq_pick_fmt(tq_fmt_of(bits, TQ_BLOCK), y, idx); }
@@ -645,3 +652,294 @@ void tq_unrotate_row_96(const void *y, float *x, int64_t k) {
     tq_unrotate_rows_fmt(&TQ_FMT3_96, (const float *)y, x, k);
 }
 
+
+/* ---- TQ3A: key blocks of 256 values in four groups of their own width (tq_codec.h has the layout) ---- */
+
+/* The groups' rotation signs: 256 bits from the first four outputs of splitmix64 seeded with 0x54A3 (low word
+ * first); group g uses the bits of its own values (coordinate i of the block <-> bit i). */
+const uint32_t TQ3A_SIGNS[8] = {0xcce94bfcu, 0x8f4a89b5u, 0x8f39f14au, 0x4587ac96u,
+                                0x3d91986eu, 0x2a21760au, 0x9e29e342u, 0x8039c98cu};
+
+typedef struct {
+    int off;  /* first value of the block */
+    int n;    /* values (a power of two: one Walsh-Hadamard transform) */
+    int bits; /* index width */
+    int qoff; /* first byte of its indices in the block */
+    const float *cent;
+    const float *bounds;
+    float wht_norm; /* 1/sqrt(n) */
+} tq3a_group;
+
+static const tq3a_group TQ3A_GROUPS[TQ3A_GROUPS_N] = {
+    {0, 32, 5, 12, TQ5_32_CENTROIDS, TQ5_32_BOUNDARIES, 0.17677669529663687f},
+    {32, 32, 4, 32, TQ4_32_CENTROIDS, TQ4_32_BOUNDARIES, 0.17677669529663687f},
+    {64, 64, 3, 48, TQ3_64_CENTROIDS, TQ3_64_BOUNDARIES, TQ_WHT_NORM_64},
+    {128, 128, 2, 72, TQ2_CENTROIDS, TQ2_BOUNDARIES, TQ_WHT_NORM},
+};
+
+const int TQ3A_GROUP_VALUES[TQ3A_GROUPS_N] = {32, 32, 64, 128};
+const int TQ3A_GROUP_BITS[TQ3A_GROUPS_N] = {5, 4, 3, 2};
+
+/* Indices of one group: 5 bits: 8 indices in 5 bytes (40-bit word, index 8g+j at bit 5j); 4 bits: byte j holds
+ * index j (low nibble) and j + n/2; 3 bits: as tq3 (8 in 3 bytes); 2 bits: byte j holds index j + k n/4 at bits
+ * 2k (k = 0..3), so 32 lanes each read one byte for four sub-blocks' values. */
+static void tq3a_pack(const tq3a_group *g, const uint8_t *idx, uint8_t *q) {
+    const int n = g->n;
+    if (g->bits == 5) {
+        for (int b = 0; b < n / 8; ++b) {
+            uint64_t w = 0;
+            for (int j = 0; j < 8; ++j) {
+                w |= (uint64_t)(idx[8 * b + j] & 31u) << (5 * j);
+            }
+            for (int t = 0; t < 5; ++t) {
+                q[5 * b + t] = (uint8_t)((w >> (8 * t)) & 0xffu);
+            }
+        }
+    } else if (g->bits == 4) {
+        for (int j = 0; j < n / 2; ++j) {
+            q[j] = (uint8_t)((idx[j] & 15u) | ((idx[j + n / 2] & 15u) << 4));
+        }
+    } else if (g->bits == 3) {
+        for (int b = 0; b < n / 8; ++b) {
+            uint32_t w = 0;
+            for (int j = 0; j < 8; ++j) {
+                w |= (uint32_t)(idx[8 * b + j] & 7u) << (3 * j);
+            }
+            q[3 * b + 0] = (uint8_t)(w & 0xffu);
+            q[3 * b + 1] = (uint8_t)((w >> 8) & 0xffu);
+            q[3 * b + 2] = (uint8_t)((w >> 16) & 0xffu);
+        }
+    } else {
+        const int quarter = n / 4;
+        for (int j = 0; j < quarter; ++j) {
+            q[j] = (uint8_t)((idx[j] & 3u) | ((idx[j + quarter] & 3u) << 2) | ((idx[j + 2 * quarter] & 3u) << 4) |
+                             ((idx[j + 3 * quarter] & 3u) << 6));
+        }
+    }
+}
+
+static void tq3a_unpack(const tq3a_group *g, const uint8_t *q, uint8_t *idx) {
+    const int n = g->n;
+    if (g->bits == 5) {
+        for (int b = 0; b < n / 8; ++b) {
+            uint64_t w = 0;
+            for (int t = 0; t < 5; ++t) {
+                w |= (uint64_t)q[5 * b + t] << (8 * t);
+            }
+            for (int j = 0; j < 8; ++j) {
+                idx[8 * b + j] = (uint8_t)((w >> (5 * j)) & 31u);
+            }
+        }
+    } else if (g->bits == 4) {
+        for (int j = 0; j < n / 2; ++j) {
+            idx[j] = q[j] & 15u;
+            idx[j + n / 2] = q[j] >> 4;
+        }
+    } else if (g->bits == 3) {
+        for (int b = 0; b < n / 8; ++b) {
+            const uint32_t w = (uint32_t)q[3 * b] | ((uint32_t)q[3 * b + 1] << 8) | ((uint32_t)q[3 * b + 2] << 16);
+            for (int j = 0; j < 8; ++j) {
+                idx[8 * b + j] = (uint8_t)((w >> (3 * j)) & 7u);
+            }
+        }
+    } else {
+        const int quarter = n / 4;
+        for (int j = 0; j < quarter; ++j) {
+            for (int k = 0; k < 4; ++k) {
+                idx[j + k * quarter] = (q[j] >> (2 * k)) & 3u;
+            }
+        }
+    }
+}
+
+/* The group's rotation y = H D x / sqrt(n) (in place allowed) and its inverse, in tq_rotate_fmt's order. */
+static void tq3a_rotate_group(const tq3a_group *g, const float *x, float *y) {
+    for (int i = 0; i < g->n; ++i) {
+        y[i] = x[i] * tq_sign(TQ3A_SIGNS, g->off + i);
+    }
+    tq_fwht(y, g->n);
+    for (int i = 0; i < g->n; ++i) {
+        y[i] *= g->wht_norm;
+    }
+}
+
+static void tq3a_unrotate_group(const tq3a_group *g, const float *y, float *x) {
+    if (x != y) {
+        memcpy(x, y, (size_t)g->n * sizeof(float));
+    }
+    tq_fwht(x, g->n);
+    for (int i = 0; i < g->n; ++i) {
+        x[i] *= g->wht_norm * tq_sign(TQ3A_SIGNS, g->off + i);
+    }
+}
+
+static void tq3a_store_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)(v & 0xffu);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static uint32_t tq3a_load_subs(const uint8_t *block) {
+    return (uint32_t)block[8] | ((uint32_t)block[9] << 8) | ((uint32_t)block[10] << 16) | ((uint32_t)block[11] << 24);
+}
+
+static float tq3a_load_scale(const uint8_t *block, int g) {
+    return tq_bf16_to_fp32((uint16_t)(block[2 * g] | (block[2 * g + 1] << 8)));
+}
+
+void tq3a_quantize_block(const float *x, void *block) {
+    uint8_t *out = (uint8_t *)block;
+    uint8_t idx[TQ3A_BLOCK];
+    float y[TQ3A_BLOCK];
+    double t0[TQ3A_BLOCK], t1[TQ3A_BLOCK];
+    double ss[TQ3A_GROUPS_N];
+    int finite = 1;
+    for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+        const tq3a_group *g = &TQ3A_GROUPS[gi];
+        for (int i = 0; i < g->n; ++i) {
+            t0[i] = (double)x[g->off + i] * (double)x[g->off + i];
+        }
+        ss[gi] = tq_sum_canonical(t0, g->n);
+        finite &= isfinite(ss[gi]) != 0;
+    }
+    if (!finite) { /* NaN or Inf somewhere: poison the whole block (every group decodes to NaN) */
+        memset(out, 0, TQ3A_BLOCK_BYTES);
+        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+            tq3a_store_u16(out + 2 * gi, tq_fp32_to_bf16(NAN));
+        }
+        return;
+    }
+    uint32_t subs = 0;
+    for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+        const tq3a_group *g = &TQ3A_GROUPS[gi];
+        const double norm = sqrt(ss[gi]);
+        float *yg = y + g->off;
+        uint8_t *ig = idx + g->off;
+        for (int i = 0; i < g->n; ++i) {
+            yg[i] = norm > 0.0 ? (float)((double)x[g->off + i] / norm) : 0.0f;
+        }
+        tq3a_rotate_group(g, yg, yg);
+        for (int k = 0; k < g->n / TQ_SUBBLOCK; ++k) {
+            const int sb = (g->off / TQ_SUBBLOCK) + k; /* the block's sub-block index, 0..7 */
+            const unsigned j =
+                tq_pick_book(g->bits, g->cent, g->bounds, TQ_SUBBLOCK, yg + k * TQ_SUBBLOCK, ig + k * TQ_SUBBLOCK);
+            subs |= (uint32_t)j << (4 * sb);
+            for (int i = k * TQ_SUBBLOCK; i < (k + 1) * TQ_SUBBLOCK; ++i) {
+                const double c = (double)(TQ_SUBSCALE[j] * g->cent[ig[i]]);
+                t0[i] = (double)yg[i] * c;
+                t1[i] = c * c;
+            }
+        }
+        tq3a_pack(g, ig, out + g->qoff);
+        const double yc = tq_sum_canonical(t0, g->n);
+        const double cc = tq_sum_canonical(t1, g->n);
+        double s = norm * (yc / cc); /* cc > 0: no centroid is zero */
+        if (s > (double)TQ3A_SCALE_MAX) {
+            s = (double)TQ3A_SCALE_MAX;
+        }
+        tq3a_store_u16(out + 2 * gi, tq_fp32_to_bf16((float)s));
+    }
+    for (int t = 0; t < 4; ++t) {
+        out[8 + t] = (uint8_t)((subs >> (8 * t)) & 0xffu);
+    }
+}
+
+/* One group's reconstruction in its rotated domain, without the scale: c'_i = m_k(i) * c[idx_i]. */
+static void tq3a_group_rotated(const tq3a_group *g, const uint8_t *block, uint32_t subs, float *c) {
+    uint8_t idx[TQ3A_BLOCK];
+    tq3a_unpack(g, block + g->qoff, idx);
+    for (int i = 0; i < g->n; ++i) {
+        c[i] = TQ_SUBSCALE[(subs >> (4 * ((g->off + i) / TQ_SUBBLOCK))) & 15u] * g->cent[idx[i]];
+    }
+}
+
+void tq3a_dequantize_block(const void *block, float *x) {
+    const uint8_t *b = (const uint8_t *)block;
+    const uint32_t subs = tq3a_load_subs(b);
+    for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+        const tq3a_group *g = &TQ3A_GROUPS[gi];
+        const float s = tq3a_load_scale(b, gi);
+        float *xg = x + g->off;
+        tq3a_group_rotated(g, b, subs, xg);
+        tq3a_unrotate_group(g, xg, xg);
+        for (int i = 0; i < g->n; ++i) {
+            xg[i] *= s;
+        }
+    }
+}
+
+void tq3a_quantize_row(const float *x, void *dst, int64_t k) {
+    for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
+        tq3a_quantize_block(x + b * TQ3A_BLOCK, (uint8_t *)dst + b * TQ3A_BLOCK_BYTES);
+    }
+}
+
+void tq3a_dequantize_row(const void *src, float *y, int64_t k) {
+    for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
+        tq3a_dequantize_block((const uint8_t *)src + b * TQ3A_BLOCK_BYTES, y + b * TQ3A_BLOCK);
+    }
+}
+
+size_t quantize_tq3a(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix) {
+    (void)imatrix;
+    if (n_per_row % TQ3A_BLOCK != 0 || nrows < 0) {
+        return 0;
+    }
+    tq3a_quantize_row(src, dst, nrows * n_per_row);
+    return (size_t)(nrows * (n_per_row / TQ3A_BLOCK)) * TQ3A_BLOCK_BYTES;
+}
+
+void tq3a_rotate_row(const float *x, void *y, int64_t k) {
+    float *out = (float *)y;
+    for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
+        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+            const tq3a_group *g = &TQ3A_GROUPS[gi];
+            tq3a_rotate_group(g, x + b * TQ3A_BLOCK + g->off, out + b * TQ3A_BLOCK + g->off);
+        }
+    }
+}
+
+void tq3a_unrotate_row(const void *y, float *x, int64_t k) {
+    const float *in = (const float *)y;
+    for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
+        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+            const tq3a_group *g = &TQ3A_GROUPS[gi];
+            tq3a_unrotate_group(g, in + b * TQ3A_BLOCK + g->off, x + b * TQ3A_BLOCK + g->off);
+        }
+    }
+}
+
+void tq3a_dequantize_row_rotated(const void *src, float *x, int64_t k) {
+    for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
+        const uint8_t *blk = (const uint8_t *)src + b * TQ3A_BLOCK_BYTES;
+        const uint32_t subs = tq3a_load_subs(blk);
+        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+            const tq3a_group *g = &TQ3A_GROUPS[gi];
+            float *xg = x + b * TQ3A_BLOCK + g->off;
+            const float s = tq3a_load_scale(blk, gi);
+            tq3a_group_rotated(g, blk, subs, xg);
+            for (int i = 0; i < g->n; ++i) {
+                xg[i] *= s;
+            }
+        }
+    }
+}
+
+float tq3a_dot_rotated_row(const void *src, const float *q_rot, int64_t k) {
+    float c[TQ3A_BLOCK];
+    float total = 0.0f;
+    for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
+        const uint8_t *blk = (const uint8_t *)src + b * TQ3A_BLOCK_BYTES;
+        const uint32_t subs = tq3a_load_subs(blk);
+        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+            const tq3a_group *g = &TQ3A_GROUPS[gi];
+            const float *qg = q_rot + b * TQ3A_BLOCK + g->off;
+            tq3a_group_rotated(g, blk, subs, c);
+            float acc = 0.0f;
+            for (int i = 0; i < g->n; ++i) {
+                acc += c[i] * qg[i];
+            }
+            total += tq3a_load_scale(blk, gi) * acc;
+        }
+    }
+    return total;
+}

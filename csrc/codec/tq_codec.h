@@ -198,6 +198,49 @@ void tq_unrotate_row_64(const void *y, float *x, int64_t k);
 void tq_rotate_row_96(const float *x, void *y, int64_t k);
 void tq_unrotate_row_96(const void *y, float *x, int64_t k);
 
+/* TQ3A: 3-bit-class keys that spend their bits where the queries look (issue 47; docs/key-transforms.md). One
+ * block = 256 values (a head of 256) in 104 bytes, 3.25 bits a value, side data included. libllama orders each
+ * (layer, KV head)'s channels by query-weighted energy before they reach the block (a calibrated permutation of RoPE
+ * pairs, applied to keys and queries alike), so the block is four groups of falling energy, each rotated by its own
+ * randomized Walsh-Hadamard transform and coded at its own width:
+ *   group 0: values   0..31,  5 bits (d = 32 codebook)     group 2: values  64..127, 3 bits (d = 64: TQ3_64's)
+ *   group 1: values  32..63,  4 bits (d = 32 codebook)     group 3: values 128..255, 2 bits (d = 128)
+ * Each group is quantized as a tq3 block is (its own norm, rotation y = H D u / sqrt(n) with D from TQ3A_SIGNS bits
+ * off..off+n-1, a multiplier per 32 values picked from TQ_SUBSCALE, a least-squares bf16 scale), with the canonical
+ * double sums of tq_codec.c; any NaN or Inf in the block poisons every group (all scales NaN).
+ *   block_tq3a, 104 bytes: [0..7]    four bfloat16 scales, group g at bytes 2g, 2g+1
+ *                          [8..11]   uint32: values 32k..32k+31 use TQ_SUBSCALE[(v >> 4k) & 15], k = 0..7
+ *                          [12..31]  group 0: 4 x 5 bytes; a 40-bit word w each, index 8b+j = (w >> 5j) & 31
+ *                          [32..47]  group 1: byte j holds index j (low nibble) and j + 16
+ *                          [48..71]  group 2: 8 x 3 bytes, as tq3
+ *                          [72..103] group 3: byte j holds index j + 32k at bits 2k..2k+1 (k = 0..3)
+ * Where the 3.25 bits go (bench/results/key_allocation.md): on the default model's keys in that order, the
+ * query-weighted key error is 0.73x tq3's on average over its 18 layers. */
+#define TQ3A_BLOCK 256
+#define TQ3A_BLOCK_BYTES 104
+#define TQ3A_GROUPS_N 4
+/* A decoded value is s * u_i with |u_i| <= sqrt(n) * 1.5 * (the largest centroid) < 4.5 for every group (the d = 32,
+ * 5-bit book: 4.47), so s <= 2^125 keeps every finite input's decoded values finite. */
+#define TQ3A_SCALE_MAX 4.253529586e37f
+
+extern const uint32_t TQ3A_SIGNS[8];
+extern const int TQ3A_GROUP_VALUES[TQ3A_GROUPS_N];
+extern const int TQ3A_GROUP_BITS[TQ3A_GROUPS_N];
+
+void tq3a_quantize_block(const float *x, void *block);
+void tq3a_dequantize_block(const void *block, float *x);
+/* Rows of k values (k a multiple of 256; ggml guarantees it), ggml's signatures. */
+void tq3a_quantize_row(const float *x, void *dst, int64_t k);
+void tq3a_dequantize_row(const void *src, float *y, int64_t k);
+size_t quantize_tq3a(const float *src, void *dst, int64_t nrows, int64_t n_per_row, const float *imatrix);
+/* The query in each group's rotated domain (the vec_dot operand), and back. */
+void tq3a_rotate_row(const float *x, void *y, int64_t k);
+void tq3a_unrotate_row(const void *y, float *x, int64_t k);
+/* s_g * c'_g per group, without the inverse rotations. */
+void tq3a_dequantize_row_rotated(const void *src, float *x, int64_t k);
+/* <dequantize(src), q> with q_rot = tq3a_rotate_row(q): sum over groups of s_g * <c'_g, q_rot_g>. */
+float tq3a_dot_rotated_row(const void *src, const float *q_rot, int64_t k);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,18 +16,21 @@ using u8_array = py::array_t<uint8_t, py::array::c_style>;
 // A block format: "tq3"/"tq4" (128 values a block), "tq3_64"/"tq4_64" (64 values) or "tq3_96"/"tq4_96" (96 values),
 // the last two for heads that are not a multiple of 128.
 struct Kind {
-    int bits;
+    int bits;  // 0 for tq3a (four groups of their own width)
     int n;
     py::ssize_t bytes;
 };
 
 Kind kind_of(const std::string & kind) {
+    if (kind == "tq3a") {
+        return {0, TQ3A_BLOCK, TQ3A_BLOCK_BYTES};
+    }
     const int bits = kind.rfind("tq3", 0) == 0 ? 3 : kind.rfind("tq4", 0) == 0 ? 4 : 0;
     const std::string tail = kind.size() > 3 ? kind.substr(3) : "";
     const int n = tail.empty() ? TQ_BLOCK : tail == "_64" ? TQ_BLOCK_64 : tail == "_96" ? TQ_BLOCK_96 : 0;
     if (bits == 0 || n == 0) {
         throw py::value_error("unknown TurboQuant kind '" + kind +
-                              "': expected 'tq3', 'tq4', 'tq3_64', 'tq4_64', 'tq3_96' or 'tq4_96'");
+                              "': expected 'tq3', 'tq4', 'tq3_64', 'tq4_64', 'tq3_96', 'tq4_96' or 'tq3a'");
     }
     return {bits, n, (py::ssize_t) tq_block_bytes_n(bits, n)};
 }
@@ -61,7 +64,11 @@ py::array quantize(const f32_array & x, const std::string & kind) {
     u8_array out(shape);
     {
         py::gil_scoped_release nogil;
-        tq_quantize_row_n(k.bits, k.n, x.data(), out.mutable_data(), n);
+        if (k.bits == 0) {
+            tq3a_quantize_row(x.data(), out.mutable_data(), n);
+        } else {
+            tq_quantize_row_n(k.bits, k.n, x.data(), out.mutable_data(), n);
+        }
     }
     return out;
 }
@@ -74,7 +81,11 @@ py::array dequantize(const u8_array & blocks, const std::string & kind) {
     f32_array out(shape);
     {
         py::gil_scoped_release nogil;
-        tq_dequantize_row_n(k.bits, k.n, blocks.data(), out.mutable_data(), nblocks * k.n);
+        if (k.bits == 0) {
+            tq3a_dequantize_row(blocks.data(), out.mutable_data(), nblocks * k.n);
+        } else {
+            tq_dequantize_row_n(k.bits, k.n, blocks.data(), out.mutable_data(), nblocks * k.n);
+        }
     }
     return out;
 }
@@ -100,11 +111,37 @@ float dot_rotated(const u8_array & blocks, const f32_array & q_rot, const std::s
         throw py::value_error("dot_rotated: " + std::to_string(blocks.size()) + " bytes of " + kind +
                               " blocks do not match a query of " + std::to_string(q_rot.size()) + " values");
     }
+    if (k.bits == 0) {
+        return tq3a_dot_rotated_row(blocks.data(), q_rot.data(), q_rot.size());
+    }
     return tq_dot_rotated_row_n(k.bits, k.n, blocks.data(), q_rot.data(), q_rot.size());
+}
+
+// tq3a's query-side rotation (each group by its own transform) and its inverse, rows of 256-value blocks.
+template <void (*fn)(const float *, float *, int64_t)> py::array tq3a_rows(const f32_array & x) {
+    auto shape = checked_shape(x, TQ3A_BLOCK, "input");
+    f32_array out(shape);
+    fn(x.data(), out.mutable_data(), x.size());
+    return out;
+}
+
+void tq3a_rotate_floats(const float * x, float * y, int64_t k) { tq3a_rotate_row(x, y, k); }
+void tq3a_unrotate_floats(const float * y, float * x, int64_t k) { tq3a_unrotate_row(y, x, k); }
+
+py::array tq3a_dequantize_rotated(const u8_array & blocks) {
+    auto shape = checked_shape(blocks, TQ3A_BLOCK_BYTES, "dequantize_rotated input (bytes)");
+    const py::ssize_t nblocks = blocks.size() / TQ3A_BLOCK_BYTES;
+    shape.back() = shape.back() / TQ3A_BLOCK_BYTES * TQ3A_BLOCK;
+    f32_array out(shape);
+    tq3a_dequantize_row_rotated(blocks.data(), out.mutable_data(), nblocks * TQ3A_BLOCK);
+    return out;
 }
 
 py::array codebook(const std::string & kind) {
     const Kind k = kind_of(kind);
+    if (k.bits == 0) {
+        throw py::value_error("tq3a has a codebook per group: its groups are tq3a_groups()");
+    }
     f32_array out(1 << k.bits);
     const float * c = tq_centroids_n(k.bits, k.n);
     std::copy(c, c + (1 << k.bits), out.mutable_data());
@@ -127,8 +164,17 @@ py::array signs(int block) {
     return out;
 }
 
-py::array unpack_indices(const u8_array & block, const std::string & kind) {
+// Kinds whose indices follow a 4-byte header: every one but tq3a.
+Kind header_kind(const std::string & kind) {
     const Kind k = kind_of(kind);
+    if (k.bits == 0) {
+        throw py::value_error("tq3a's indices are packed per group (tq_codec.h has the layout)");
+    }
+    return k;
+}
+
+py::array unpack_indices(const u8_array & block, const std::string & kind) {
+    const Kind k = header_kind(kind);
     if (block.ndim() != 1 || block.size() != k.bytes) {
         throw py::value_error("unpack_indices takes exactly one " + kind + " block (" + std::to_string(k.bytes) +
                               " bytes)");
@@ -139,7 +185,7 @@ py::array unpack_indices(const u8_array & block, const std::string & kind) {
 }
 
 py::array pack_indices(const u8_array & idx, const std::string & kind) {
-    const Kind k = kind_of(kind);
+    const Kind k = header_kind(kind);
     if (idx.ndim() != 1 || idx.size() != k.n) {
         throw py::value_error("pack_indices takes " + std::to_string(k.n) + " indices for " + kind);
     }
@@ -191,6 +237,18 @@ PYBIND11_MODULE(_codec, m) {
     m.def("codebook", &codebook, py::arg("kind"), "The Lloyd-Max centroids (ascending).");
     m.def("subscales", &subscales, "The 16 sub-block scale multipliers.");
     m.def("signs", &signs, py::arg("block") = TQ_BLOCK, "The fixed +-1 sign pattern D of the rotation (128, 64 or 96).");
+    py::list groups;  // tq3a's groups (tq_codec.h): values and bits, in block order
+    for (int g = 0; g < TQ3A_GROUPS_N; ++g) {
+        groups.append(py::dict(py::arg("values") = TQ3A_GROUP_VALUES[g], py::arg("bits") = TQ3A_GROUP_BITS[g]));
+    }
+    m.attr("TQ3A_GROUPS") = groups;
+    m.attr("TQ3A_BLOCK_BYTES") = TQ3A_BLOCK_BYTES;
+    m.def("tq3a_rotate", &tq3a_rows<tq3a_rotate_floats>, py::arg("x"),
+          "tq3a's query-side rotation: each group of every 256-value block by its own randomized Walsh-Hadamard "
+          "transform.");
+    m.def("tq3a_unrotate", &tq3a_rows<tq3a_unrotate_floats>, py::arg("y"), "Inverse of tq3a_rotate().");
+    m.def("tq3a_dequantize_rotated", &tq3a_dequantize_rotated, py::arg("blocks"),
+          "tq3a blocks decoded in their groups' rotated domain (s_g * c'_g).");
     m.def("pack_indices", &pack_indices, py::arg("idx"), py::arg("kind"));
     m.def("unpack_indices", &unpack_indices, py::arg("block"), py::arg("kind"));
 }

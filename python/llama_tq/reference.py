@@ -171,3 +171,108 @@ def q4_0_roundtrip(x: np.ndarray) -> np.ndarray:
     q = np.clip(np.floor(b * inv[:, None] + 8.5), 0, 15)
     d16 = d.astype(np.float16).astype(np.float64)  # the stored scale is fp16
     return ((q - 8) * d16[:, None]).reshape(np.shape(x))
+
+
+# TQ3A (tq_codec.h): 256-value key blocks in four groups (first value, values, bits), each coded as a block of its
+# own size with its own rotation (signs: bits off..off+n-1 of splitmix64 seeded 0x54A3) and the d = n codebook.
+TQ3A_SIGN_SEED = 0x54A3
+TQ3A_GROUPS = ((0, 32, 5), (32, 32, 4), (64, 64, 3), (128, 128, 2))
+TQ3A_BYTES = 104
+_TQ3A_QOFF = (12, 32, 48, 72)  # first byte of each group's indices
+
+
+_TQ3A_BOOKS: list[Codebook] = []  # solved on first use (the d = 32 books take a second)
+
+
+def tq3a_book(g: int) -> Codebook:
+    """Group g's codebook: the d = n coordinate law at its width."""
+    if not _TQ3A_BOOKS:
+        _TQ3A_BOOKS.extend(solve(bits, dim=n) for _, n, bits in TQ3A_GROUPS)
+    return _TQ3A_BOOKS[g]
+
+
+def tq3a_rotation(g: int) -> np.ndarray:
+    """Group g's rotation y = H D x / sqrt(n)."""
+    off, n, _ = TQ3A_GROUPS[g]
+    return hadamard(n) @ np.diag(sign_vector(TQ3A_SIGN_SEED, 256)[off : off + n])
+
+
+def tq3a_quantize(x: np.ndarray) -> np.ndarray:
+    """x: (N, 256) -> (N, 104) uint8 blocks, from the layout spec (float64 algebra, finite input)."""
+    x = np.asarray(x, dtype=np.float64)
+    n_rows = len(x)
+    out = np.zeros((n_rows, TQ3A_BYTES), np.uint8)
+    subs = np.zeros(n_rows, np.uint64)
+    for g, (off, n, bits) in enumerate(TQ3A_GROUPS):
+        cb = tq3a_book(g)
+        xg = x[:, off : off + n]
+        norm = np.linalg.norm(xg, axis=1)
+        u = np.divide(xg, norm[:, None], out=np.zeros_like(xg), where=norm[:, None] > 0)
+        y = (u @ tq3a_rotation(g).T).reshape(n_rows, n // 32, 32)
+        best = np.full(y.shape[:2], np.inf)
+        sub = np.zeros(y.shape[:2], np.int64)
+        idx = np.zeros(y.shape, np.int64)
+        for j, m in enumerate(SUBSCALES):
+            cand = np.searchsorted(m * cb.boundaries, y, side="left")
+            err = np.sum((y - m * cb.centroids[cand]) ** 2, axis=2)
+            win = err < best
+            best, sub = np.where(win, err, best), np.where(win, j, sub)
+            idx = np.where(win[..., None], cand, idx)
+        c = SUBSCALES[sub][..., None] * cb.centroids[idx]
+        s = norm * np.sum(y * c, axis=(1, 2)) / np.sum(c * c, axis=(1, 2))
+        out[:, 2 * g : 2 * g + 2] = to_bf16(s).astype("<u2")[:, None].view(np.uint8)
+        for k in range(n // 32):
+            subs |= sub[:, k].astype(np.uint64) << np.uint64(4 * (off // 32 + k))
+        out[:, _TQ3A_QOFF[g] : _TQ3A_QOFF[g] + n * bits // 8] = _tq3a_pack(idx.reshape(n_rows, n), bits)
+    out[:, 8:12] = subs.astype("<u4")[:, None].view(np.uint8)
+    return out
+
+
+def _tq3a_pack(idx: np.ndarray, bits: int) -> np.ndarray:
+    n_rows, n = idx.shape
+    idx = idx.astype(np.uint64)
+    if bits == 4:
+        return (idx[:, : n // 2] | (idx[:, n // 2 :] << np.uint64(4))).astype(np.uint8)
+    if bits == 2:
+        q = n // 4
+        return sum(idx[:, k * q : (k + 1) * q] << np.uint64(2 * k) for k in range(4)).astype(np.uint8)
+    per = {5: 5, 3: 3}[bits]  # bytes of 8 indices
+    w = np.sum(idx.reshape(n_rows, n // 8, 8) << (np.uint64(bits) * np.arange(8, dtype=np.uint64)), axis=2)
+    return np.stack([(w >> np.uint64(8 * t)) & np.uint64(0xFF) for t in range(per)], axis=2).reshape(n_rows, -1).astype(
+        np.uint8
+    )
+
+
+def tq3a_unpack(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N, 104) blocks -> (scales (N, 4), multiplier indices (N, 8), indices (N, 256))."""
+    blocks = np.asarray(blocks, np.uint8)
+    n_rows = len(blocks)
+    scale = from_bf16(blocks[:, :8].copy().view("<u2"))
+    subs = blocks[:, 8:12].copy().view("<u4")[:, 0].astype(np.uint64)
+    sub = ((subs[:, None] >> (np.uint64(4) * np.arange(8, dtype=np.uint64))) & np.uint64(15)).astype(np.uint8)
+    idx = np.zeros((n_rows, 256), np.uint8)
+    for g, (off, n, bits) in enumerate(TQ3A_GROUPS):
+        body = blocks[:, _TQ3A_QOFF[g] : _TQ3A_QOFF[g] + n * bits // 8].astype(np.uint64)
+        if bits == 4:
+            ig = np.concatenate([body & np.uint64(15), body >> np.uint64(4)], axis=1)
+        elif bits == 2:
+            ig = np.concatenate([(body >> np.uint64(2 * k)) & np.uint64(3) for k in range(4)], axis=1)
+        else:
+            per = bits  # 8 indices in `bits` bytes
+            b = body.reshape(n_rows, n // 8, per)
+            w = sum(b[:, :, t] << np.uint64(8 * t) for t in range(per))
+            mask = np.uint64((1 << bits) - 1)
+            ig = ((w[:, :, None] >> (np.uint64(bits) * np.arange(8, dtype=np.uint64))) & mask).reshape(n_rows, n)
+        idx[:, off : off + n] = ig
+    return scale, sub, idx
+
+
+def tq3a_dequantize(blocks: np.ndarray) -> np.ndarray:
+    scale, sub, idx = tq3a_unpack(blocks)
+    out = np.zeros((len(scale), 256))
+    for g, (off, n, _) in enumerate(TQ3A_GROUPS):
+        c = SUBSCALES[np.repeat(sub[:, off // 32 : (off + n) // 32], 32, axis=1)] * tq3a_book(g).centroids[
+            idx[:, off : off + n]
+        ]
+        out[:, off : off + n] = scale[:, g : g + 1] * (c @ tq3a_rotation(g))
+    return out

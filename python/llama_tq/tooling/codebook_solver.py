@@ -26,7 +26,8 @@ SUBSCALE_LO = 0.6
 SUBSCALE_HI = 1.5
 SUBSCALE_COUNT = 16
 GRID_POINTS = 1_200_001
-GRID_HALF_WIDTH = 0.75  # f(0.75) / f(0) ~ 1e-35 at d = 128: nothing is lost beyond it
+GRID_HALF_WIDTH = 0.75  # f(0.75) / f(0) ~ 1e-35 at d = 128 (1e-11 at d = 64): nothing is lost beyond it
+GRID_HALF_WIDTH_SMALL = 1.0  # d < 64 (TQ3A's 32-value groups): f(0.75) / f(0) ~ 6e-6 at d = 32, so the whole support
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,10 @@ class Codebook:
 
 
 def _grid(dim: int) -> tuple[np.ndarray, np.ndarray]:
-    x = np.linspace(-GRID_HALF_WIDTH, GRID_HALF_WIDTH, GRID_POINTS)
-    logf = 0.5 * (dim - 3) * np.log1p(-x * x)
+    half = GRID_HALF_WIDTH if dim >= 64 else GRID_HALF_WIDTH_SMALL
+    x = np.linspace(-half, half, GRID_POINTS)
+    with np.errstate(divide="ignore"):  # the end points of the whole support have density 0
+        logf = 0.5 * (dim - 3) * np.log1p(-x * x)
     w = np.exp(logf - logf.max())
     w /= w.sum()  # uniform grid: probability mass per grid point
     return x, w
@@ -89,8 +92,13 @@ def subscales() -> np.ndarray:
 
 
 def header_books() -> list[Codebook]:
-    """The codebooks of tq_codebooks.h: 3 and 4 bits for 128-value blocks, then for 64- and 96-value blocks."""
-    return [solve(3), solve(4), solve(3, dim=64), solve(4, dim=64), solve(3, dim=96), solve(4, dim=96)]
+    """The codebooks of tq_codebooks.h: 3 and 4 bits for 128-value blocks, then for 64- and 96-value blocks, then
+    the widths of TQ3A's groups that no other format has (5 and 4 bits at d = 32, 2 bits at d = 128; its 3-bit
+    group of 64 values uses TQ3_64's book)."""
+    return [
+        solve(3), solve(4), solve(3, dim=64), solve(4, dim=64), solve(3, dim=96), solve(4, dim=96),
+        solve(5, dim=32), solve(4, dim=32), solve(2),
+    ]  # fmt: skip
 
 
 def render_header(books: list[Codebook]) -> str:
@@ -99,7 +107,7 @@ def render_header(books: list[Codebook]) -> str:
         "Do not edit. */",
         "/* Lloyd-Max codebooks for one coordinate of a random unit vector in R^d, density proportional to",
         " * (1 - x^2)^((d - 3)/2): d = 128 (TQ3/TQ4), d = 64 (the 64-value blocks TQ3_64/TQ4_64),",
-        " * d = 96 (the 96-value blocks TQ3_96/TQ4_96).",
+        " * d = 96 (the 96-value blocks TQ3_96/TQ4_96); the groups of TQ3A: d = 32 (5 and 4 bits), d = 128 (2 bits).",
         " * Centroids ascending; boundaries are their midpoints. */",
         "#ifndef TQ_CODEBOOKS_H",
         "#define TQ_CODEBOOKS_H",
@@ -135,7 +143,7 @@ def render_header(books: list[Codebook]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Solve the TurboQuant Lloyd-Max codebooks (d = 128, 64 and 96).")
+    ap = argparse.ArgumentParser(description="Solve the TurboQuant Lloyd-Max codebooks (d = 128, 64, 96 and 32).")
     ap.add_argument("--header", type=Path, help="write the C header here")
     args = ap.parse_args(argv)
     books = header_books()
