@@ -38,6 +38,11 @@ void llama_tq_add_args(const std::function<void(common_arg)> & add_opt, const co
         "(default: auto)",
         [](common_params & p, const std::string & v) { set_tq(p, "keys", v); }).set_env("LLAMA_ARG_TQ_KEYS"));
     add_opt(common_arg(
+        {"--tq-keys-cal"}, "FILE",
+        "calibration of this model for tq3a keys (-ctk tq3a), written by `llama-tq calibrate`: the query-weighted "
+        "energy of each key channel, which orders the channels into tq3a's 5/4/3/2-bit groups (default: none)",
+        [](common_params & p, const std::string & v) { p.tq_keys_cal = v; }).set_env("LLAMA_ARG_TQ_KEYS_CAL"));
+    add_opt(common_arg(
         {"--tq-attn-rot"}, "{auto,0,1,k,v}",
         "upstream's Hadamard attention rotation on the tq3/tq4 sides of the KV cache: auto = the measured default, "
         "0 = none, 1 = both, k = K only, v = V only (default: auto)",
@@ -70,7 +75,7 @@ void llama_tq_add_args(const std::function<void(common_arg)> & add_opt, const co
 
 llama_context * llama_tq_init_context(llama_model * model, const llama_context_params & cparams,
                                       const common_params & params) {
-    llama_context * lctx = llama_init_from_model_tq(model, cparams, &params.tq);
+    llama_context * lctx = llama_init_from_model_tq_cal(model, cparams, &params.tq, params.tq_keys_cal.c_str());
     if (lctx == nullptr) {
         return nullptr;
     }

@@ -49,6 +49,12 @@ LLAMA_API struct llama_context * llama_init_from_model_tq(struct llama_model * m
                                                           struct llama_context_params params,
                                                           const struct llama_tq_params * tq);
 
+// llama_init_from_model_tq with the calibration that tq3a keys need (key_cal: a file written by `llama-tq
+// calibrate` for this model, NULL or "" for none; a tq3a K cache without one is refused). Other cache types ignore it.
+LLAMA_API struct llama_context * llama_init_from_model_tq_cal(struct llama_model * model,
+                                                              struct llama_context_params params,
+                                                              const struct llama_tq_params * tq, const char * key_cal);
+
 // TriAttention V3 eviction (docs/triattention.md). The fields, their defaults and meanings: triatt_params.h.
 struct llama_triatt_params {
 #define LLAMA_TRIATT_FIELD(field, def, flag, hint, help) int32_t field;

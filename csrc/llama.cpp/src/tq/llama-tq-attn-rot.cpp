@@ -6,6 +6,9 @@
 
 
 bool llama_tq_attn_rot(ggml_type type, bool is_k, bool keys_transformed) {
+    if (ggml_tq_is_tq3a(type)) {
+        return false; // its channels are ordered by energy: a Hadamard over the head would spread them again
+    }
     if (!ggml_tq_is_tq(type)) {
         return true;
     }

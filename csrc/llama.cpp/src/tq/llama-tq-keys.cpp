@@ -391,7 +391,9 @@ llama_tq_keys::~llama_tq_keys() {
 void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool allowed) {
     const int32_t mode = llama_tq_params_for_new_cache().keys;  // --tq-keys (llama_init_from_model_tq)
     center = equalize = matrix = kbias = false;
-    const bool tq = ggml_tq_is_tq(type_k);
+    grouped = ggml_tq_is_tq3a(type_k);  // checked at context creation: a calibration, heads of 256, RoPE pairs
+    cal = grouped ? llama_tq_key_cal_for_new_cache() : nullptr;
+    const bool tq = ggml_tq_is_tq(type_k) || grouped;
     if (!allowed || !tq || hp.is_mla() || hp.n_layer() == 0) {
         return;
     }
@@ -410,7 +412,7 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
     center = mode != LLAMA_TQ_KEYS_EQ && mode != LLAMA_TQ_KEYS_NONE;
     equalize = mode != LLAMA_TQ_KEYS_MEAN && mode != LLAMA_TQ_KEYS_NONE &&
                (hp.rope_type == LLAMA_ROPE_TYPE_NORM || hp.rope_type == LLAMA_ROPE_TYPE_NEOX);
-    matrix = equalize && mode == LLAMA_TQ_KEYS_MATRIX;
+    matrix = equalize && (mode == LLAMA_TQ_KEYS_MATRIX || grouped);  // TQ3A: the calibrated order as the matrix
     if (center && hp.attn_soft_cap) {
         center = false;  // tanh(logit / cap) does not ignore a common shift
     }
@@ -422,7 +424,8 @@ void llama_tq_keys::configure(const llama_hparams & hp, ggml_type type_k, bool a
         return;
     }
     LLAMA_LOG_INFO("%s: TQ key transforms: centering %s, equalization %s (--tq-keys)\n", __func__,
-                   center ? "on" : "off", equalize ? (matrix ? "on (matrix)" : "on") : "off");
+                   center ? "on" : "off",
+                   equalize ? (grouped ? "on (with the calibrated order)" : matrix ? "on (matrix)" : "on") : "off");
 }
 
 void llama_tq_keys::add_layer(ggml_backend_buffer_type_t buft, int32_t il, int64_t n_embd_k_gqa) {
@@ -838,12 +841,65 @@ ggml_tensor * llama_tq_keys::mat_mul_heads(ggml_context * ctx, const layer & L, 
     return ggml_cont(ctx, ggml_permute(ctx, heads_times(ctx, mat(ctx, L, m), x), 0, 2, 1, 3));  // back to [D, H, T]
 }
 
+// TQ3A: A = P diag(s) per KV head, P the calibration's order of RoPE pairs (falling energy, ties by pair index) cut into
+// the block's groups (16, 16, 32, 64 pairs), each group's first channels then its second ones. Exact: a permutation.
+static void tq3a_basis(const llama_tq_key_cal & cal, int32_t il, int64_t h, const float * s, int64_t d, bool neox,
+                       float * a, float * inv_t, float * inv) {
+    const float * x = cal.energies((uint32_t) il, (uint32_t) h);
+    const int64_t np = d / 2;
+    std::vector<int64_t> order((size_t) np);
+    std::vector<double> px((size_t) np);
+    for (int64_t i = 0; i < np; ++i) {
+        order[(size_t) i] = i;
+        px[(size_t) i] = neox ? (double) x[i] + (double) x[i + np] : (double) x[2 * i] + (double) x[2 * i + 1];
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int64_t l, int64_t r) { return px[(size_t) l] > px[(size_t) r]; });
+    std::vector<int64_t> perm;  // value j of the block <- channel perm[j]
+    int64_t at = 0;
+    for (int g = 0; g < TQ3A_GROUPS_N; ++g) {
+        const int64_t p = TQ3A_GROUP_VALUES[g] / 2;
+        for (int half = 0; half < 2; ++half) {
+            for (int64_t i = at; i < at + p; ++i) {
+                const int64_t pair = order[(size_t) i];
+                perm.push_back(neox ? pair + half * np : 2 * pair + half);
+            }
+        }
+        at += p;
+    }
+    std::fill(a, a + d * d, 0.0f);
+    std::fill(inv_t, inv_t + d * d, 0.0f);
+    std::fill(inv, inv + d * d, 0.0f);
+    for (int64_t j = 0; j < d; ++j) {  // row-major: stored k'_j = s_c (k - mu)_c, q'_j = q_c / s_c, c = perm[j]
+        const int64_t c = perm[(size_t) j];
+        a[j * d + c] = s[c];
+        inv_t[j * d + c] = 1.0f / s[c];
+        inv[c * d + j] = 1.0f / s[c];
+    }
+}
+
 void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, bool only_if_unset) const {
     std::lock_guard<std::mutex> lock(basis_mutex);
     if (only_if_unset && basis_span != 0) {
         return;  // another thread computed it
     }
     basis_span = n_pos;
+    if (grouped) {  // the order does not depend on the span
+        const size_t dd = (size_t) (head_dim * head_dim);
+        for (const auto & [il, L] : layers) {
+            const int64_t hkv = L.n / head_dim;
+            std::vector<float> all(3 * (size_t) hkv * dd);
+            for (int64_t h = 0; h < hkv; ++h) {
+                tq3a_basis(*cal, il, h, L.s.data() + h * head_dim, head_dim, rope_neox,
+                           &all[(size_t) (MAT_A * hkv + h) * dd], &all[(size_t) (MAT_INV_T * hkv + h) * dd],
+                           &all[(size_t) (MAT_INV * hkv + h) * dd]);
+            }
+            ggml_backend_tensor_set(L.m, all.data(), 0, all.size() * sizeof(float));
+            L.a_inv.assign(all.begin() + (std::ptrdiff_t) (MAT_INV * hkv * (int64_t) dd), all.end());
+        }
+        LLAMA_LOG_INFO("%s: TQ3A keys: each KV head's RoPE pairs ordered by the energies of %s\n", __func__,
+                       cal->path.c_str());
+        return;
+    }
     const auto & hp = model.hparams;
     const size_t d = (size_t) head_dim;
     const int64_t n_embd = hp.n_embd;
@@ -1116,7 +1172,7 @@ void llama_tq_keys::true_keys(int32_t il, const int32_t * seq, const int32_t * p
     }
 }
 
-// Layout: uint32 magic, uint32 flags (1 centering, 2 equalization, 8 matrix, 16 K bias removed), [uint32 basis span with a matrix],
+// Layout: uint32 magic, uint32 flags (flags_()), [uint32 basis span with a matrix], [uint64 calibration hash for TQ3A],
 // uint32 n_rows (1: one sequence's, else every sequence's), then per row uint32 set (0/1) and per layer (ascending
 // il) n floats of mu. The magic makes a state saved without the transforms (or by the build before per-sequence
 // means, "TQK1") fail to load instead of being misread.
@@ -1127,11 +1183,14 @@ void llama_tq_keys::state_write(llama_io_write_i & io, int32_t seq) const {
         return;
     }
     io.write(&TQ_KEYS_MAGIC, sizeof(TQ_KEYS_MAGIC));
-    const uint32_t flags = (center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u) | (kbias ? 16u : 0u);
+    const uint32_t flags = flags_();
     io.write(&flags, sizeof(flags));
     if (matrix) {
         ensure_basis();
         io.write(&basis_span, sizeof(basis_span));  // the basis follows from the model and this span
+    }
+    if (grouped) {
+        io.write(&cal->hash, sizeof(cal->hash));  // TQ3A: the calibration that ordered the saved keys
     }
     const uint32_t n_rows = seq >= 0 ? 1 : n_seq;
     io.write(&n_rows, sizeof(n_rows));
@@ -1158,10 +1217,10 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, int32_t seq, const std::vec
         return false;
     }
     io.read(&flags, sizeof(flags));
-    if (flags != ((center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u) | (kbias ? 16u : 0u))) {
+    if (flags != flags_()) {
         LLAMA_LOG_ERROR("%s: the state was saved with other TQ key transforms (flags %u; this cache: centering %d, "
-                        "equalization %d, matrix %d, K bias removed %d; see --tq-keys)\n", __func__, flags, center,
-                        equalize, matrix, kbias);
+                        "equalization %d, matrix %d, K bias removed %d, TQ3A order %d; see --tq-keys)\n", __func__,
+                        flags, center, equalize, matrix, kbias, grouped);
         return false;
     }
     uint32_t span = basis_span;
@@ -1179,6 +1238,15 @@ bool llama_tq_keys::state_read(llama_io_read_i & io, int32_t seq, const std::vec
             LLAMA_LOG_ERROR("%s: the state's keys use the TQ key basis of a %u-position context, this cache holds "
                             "other keys in the basis of %u positions; restore into an emptied cache\n", __func__, span,
                             basis_span);
+            return false;
+        }
+    }
+    if (grouped) {
+        uint64_t hash = 0;
+        io.read(&hash, sizeof(hash));
+        if (hash != cal->hash) {
+            LLAMA_LOG_ERROR("%s: the state's tq3a keys were ordered by another calibration than %s: restore it with "
+                            "the calibration it was saved with\n", __func__, cal->path.c_str());
             return false;
         }
     }

@@ -48,6 +48,7 @@
 
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "llama-tq-params.h" // TQ3A's calibration
 #include "llama-tq-state.h" // the state-file checks, beside the keys' own state
 
 #include <cstdint>
@@ -160,7 +161,14 @@ private:
 
     bool center = false;
     bool equalize = false;
-    bool matrix = false;       // equalization by a full matrix per KV head (the key basis)
+    bool matrix = false;       // equalization by a full matrix per KV head (the key basis, or TQ3A's order)
+    bool grouped = false;      // TQ3A keys: the matrix is the calibration's order of RoPE pairs times diag(s)
+    std::shared_ptr<const llama_tq_key_cal> cal;  // TQ3A's calibration (llama-tq-params.h)
+    // the state's flags: 1 centering, 2 equalization, 8 matrix, 16 K bias removed, 32 TQ3A order
+    uint32_t flags_() const {
+        return (center ? 1u : 0u) | (equalize ? 2u : 0u) | (matrix ? 8u : 0u) | (kbias ? 16u : 0u) |
+               (grouped ? 32u : 0u);
+    }
     bool kbias = false;        // a K bias is removed from the stored keys (some layer has one)
     bool rope_neox = false;
     const std::vector<llama_kv_cells> * cells_ = nullptr;

@@ -11,18 +11,22 @@
 #include <vector>
 
 bool llama_tq_rows_ok(const ggml_tensor * t, size_t offset, size_t size) {
-    if (!ggml_tq_is_tq(t->type) || size == 0) {
+    if ((!ggml_tq_is_tq(t->type) && !ggml_tq_is_tq3a(t->type)) || size == 0) {
         return true;
     }
     const size_t bb = ggml_type_size(t->type);
+    const int n_scales = ggml_tq_is_tq3a(t->type) ? TQ3A_GROUPS_N : 1; // bf16 scales at the block's start
     std::vector<uint8_t> buf(size);
     ggml_backend_tensor_get(t, buf.data(), offset, size);
     for (size_t b = 0; b + bb <= size; b += bb) {
-        const unsigned exp = ((unsigned) buf[b + 1] << 1 | (unsigned) buf[b] >> 7) & 0xffu; // bits 14..7 of the LE u16
-        if (exp == 0xffu) { // bfloat16 scale: all exponent bits set is Inf or NaN
-            LLAMA_LOG_ERROR("%s: the state's %s rows hold a block with a non-finite scale (byte %zu): refused\n",
-                            __func__, ggml_type_name(t->type), offset + b);
-            return false;
+        for (int g = 0; g < n_scales; ++g) {
+            const uint8_t * s = buf.data() + b + 2 * g;
+            const unsigned exp = ((unsigned) s[1] << 1 | (unsigned) s[0] >> 7) & 0xffu; // bits 14..7 of the LE u16
+            if (exp == 0xffu) { // bfloat16 scale: all exponent bits set is Inf or NaN
+                LLAMA_LOG_ERROR("%s: the state's %s rows hold a block with a non-finite scale (byte %zu): refused\n",
+                                __func__, ggml_type_name(t->type), offset + b);
+                return false;
+            }
         }
     }
     return true;

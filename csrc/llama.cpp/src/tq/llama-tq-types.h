@@ -12,6 +12,7 @@
 #include "llama-hparams.h"
 #include "llama-impl.h"
 #include "llama-model.h"
+#include "llama-tq-params.h" // the options and the TQ3A calibration of the context being made
 
 #include <algorithm>
 #include <cstdint>
@@ -27,6 +28,60 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
                                                              : t;
 }
 
+// TQ3A (keys only, CPU kernels only, heads of 256, a calibration of this model): whether this context can have it,
+// after logging why not. Its block is the head, ordered by the calibration's energies and coded in four groups of
+// their own width, so the key transforms are not optional (llama-tq-keys.h) and upstream's K rotation stays off.
+inline bool llama_tq3a_check(const llama_model & model, bool is_k, bool offload_kqv) {
+    const llama_hparams & hp = model.hparams;
+    if (!is_k) {
+        LLAMA_LOG_ERROR("%s: tq3a is a key type (its bits follow the queries' energy); use tq3 or tq4 for V\n",
+                        __func__);
+        return false;
+    }
+    if (hp.is_mla() || (hp.rope_type != LLAMA_ROPE_TYPE_NORM && hp.rope_type != LLAMA_ROPE_TYPE_NEOX)) {
+        LLAMA_LOG_ERROR("%s: tq3a keys need a model with plain RoPE attention (normal or NEOX; no MLA); use tq3 or "
+                        "tq4\n", __func__);
+        return false;
+    }
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        if (hp.has_kv(il) && (hp.n_embd_head_k(il) != TQ3A_BLOCK || (hp.has_rope(il) && hp.n_rot(il) != TQ3A_BLOCK))) {
+            LLAMA_LOG_ERROR("%s: tq3a keys need heads of %d values with RoPE over all of them (layer %u: head %u, RoPE "
+                            "over %u); use tq3 or tq4\n", __func__, TQ3A_BLOCK, il, hp.n_embd_head_k(il), hp.n_rot(il));
+            return false;
+        }
+        if (offload_kqv && hp.has_kv(il) &&
+            ggml_backend_dev_type(model.dev_layer((int) il)) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            LLAMA_LOG_ERROR("%s: tq3a has CPU kernels only (no GPU kernels yet): keep the KV cache on the CPU "
+                            "(--no-kv-offload / -nkvo) or use tq3 / tq4 keys\n", __func__);
+            return false;
+        }
+    }
+    const int32_t mode = llama_tq_params_for_new_cache().keys;
+    if (mode != LLAMA_TQ_KEYS_AUTO && mode != LLAMA_TQ_KEYS_MATRIX) {
+        LLAMA_LOG_ERROR("%s: tq3a keys always take the key transforms (--tq-keys auto)\n", __func__);
+        return false;
+    }
+    const auto cal = llama_tq_key_cal_for_new_cache();
+    if (cal == nullptr) {
+        LLAMA_LOG_ERROR("%s: tq3a keys need a calibration of this model: `llama-tq calibrate --model MODEL -o "
+                        "MODEL.tqcal`, then --tq-keys-cal MODEL.tqcal\n", __func__);
+        return false;
+    }
+    const std::string arch = model.arch_name();
+    bool fits = cal->arch == arch && cal->n_layer == hp.n_layer() && cal->head == hp.n_embd_head_k(0);
+    for (uint32_t il = 0; fits && il < hp.n_layer(); ++il) {
+        fits = !hp.has_kv(il) || (cal->have[il] && cal->n_head_kv == hp.n_head_kv(il));
+    }
+    if (!fits) {
+        LLAMA_LOG_ERROR("%s: the TQ key calibration %s is of another model (%s, %u layers, %u KV heads of %u; this "
+                        "model: %s, %u layers, heads of %u): calibrate this one with `llama-tq calibrate`\n", __func__,
+                        cal->path.c_str(), cal->arch.c_str(), cal->n_layer, cal->n_head_kv, cal->head, arch.c_str(),
+                        hp.n_layer(), hp.n_embd_head_k(0));
+        return false;
+    }
+    return true;
+}
+
 // The cache type for a side (K or V) of this model: tq3/tq4 switch to their 64- or 96-value blocks where a head size
 // needs it. Returns GGML_TYPE_COUNT (after logging why) when no TQ block fits; other types pass through.
 // offload_kqv: layers whose device is not the CPU keep their KV there. The CPU takes every head size; a GPU backend
@@ -34,6 +89,9 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
 // the table its supports_op reads), anything else is refused here rather than run on the CPU a step at a time. The
 // 128-value blocks are never refused: where a backend lacks the head size, upstream's kernels run after a conversion.
 inline ggml_type llama_tq_type_for_heads(ggml_type t, const llama_model & model, bool is_k, bool offload_kqv) {
+    if (t == GGML_TYPE_TQ3A) {
+        return llama_tq3a_check(model, is_k, offload_kqv) ? t : GGML_TYPE_COUNT;
+    }
     if (t != GGML_TYPE_TQ3 && t != GGML_TYPE_TQ4) {
         return t;
     }

@@ -362,3 +362,13 @@ ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *u
             return NULL;
     }
 }
+
+/* TQ3A (keys only): the codec's own row functions; the dot decodes each sub-block's indices straight from the packed
+ * bytes against the query rotated group by group (no SIMD yet). */
+void ggml_tq3a_from_float(const float *x, void *y, int64_t k) { tq3a_quantize_row(x, y, k); }
+void ggml_vec_dot_tq3a_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
+                            int nrc) {
+    (void)bs; (void)bx; (void)by; (void)nrc;
+    *s = tq3a_dot_rotated_row(vx, (const float *)vy, n);
+}
+void ggml_tq_qrot_a_from_float(const float *x, void *y, int64_t k) { tq3a_rotate_row(x, y, k); }

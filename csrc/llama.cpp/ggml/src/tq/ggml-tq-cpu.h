@@ -39,7 +39,16 @@ TQ_QROT_FORMATS(GGML_TQ_CPU_QROT_DECLS)
     [GGML_TYPE_##NAME] = {.from_float = ggml_##name##_from_float, .vec_dot = ggml_vec_dot_##name##_qrot,            \
                           .vec_dot_type = GGML_TYPE_##qrot, .nrows = 1},
 #define GGML_TQ_CPU_QROT_TRAITS_ROW(name, NAME, values, sfx) [GGML_TYPE_##NAME] = {.from_float = ggml_##name##_from_float},
-#define GGML_TQ_CPU_TYPE_TRAITS TQ_FORMATS(GGML_TQ_CPU_TRAITS_ROW) TQ_QROT_FORMATS(GGML_TQ_CPU_QROT_TRAITS_ROW)
+/* TQ3A: the codec's quantizer, and K.Q against its helper type (the query rotated group by group). */
+void ggml_tq3a_from_float(const float *x, void *y, int64_t k);
+void ggml_vec_dot_tq3a_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+void ggml_tq_qrot_a_from_float(const float *x, void *y, int64_t k);
+#define GGML_TQ3A_CPU_TRAITS_ROWS                                                                                   \
+    [GGML_TYPE_TQ3A] = {.from_float = ggml_tq3a_from_float, .vec_dot = ggml_vec_dot_tq3a_qrot,                      \
+                        .vec_dot_type = GGML_TYPE_TQ_QROT_A, .nrows = 1},                                          \
+    [GGML_TYPE_TQ_QROT_A] = {.from_float = ggml_tq_qrot_a_from_float},
+#define GGML_TQ_CPU_TYPE_TRAITS                                                                                     \
+    TQ_FORMATS(GGML_TQ_CPU_TRAITS_ROW) TQ_QROT_FORMATS(GGML_TQ_CPU_QROT_TRAITS_ROW) GGML_TQ3A_CPU_TRAITS_ROWS
 
 /* FLASH_ATTN_EXT's V path. For a TQ V type, returns a to_float that leaves rows in the rotated domain
  * (s * c', no inverse WHT per row) and sets *unrotate to the function that maps the attention-weighted sum

@@ -9,10 +9,11 @@
 #include "ggml.h"
 #include "tq_codec.h"
 
-/* case labels: the storage types, and the rotated-query helper types */
+/* case labels: the storage types (TQ3A, the grouped key type with CPU kernels only, included), and the
+ * rotated-query helper types */
 #define GGML_TQ_CASE(name, NAME, ...) case GGML_TYPE_##NAME:
-#define GGML_TQ_TYPE_CASES TQ_FORMATS(GGML_TQ_CASE)
-#define GGML_TQ_QROT_TYPE_CASES TQ_QROT_FORMATS(GGML_TQ_CASE)
+#define GGML_TQ_TYPE_CASES TQ_FORMATS(GGML_TQ_CASE) case GGML_TYPE_TQ3A:
+#define GGML_TQ_QROT_TYPE_CASES TQ_QROT_FORMATS(GGML_TQ_CASE) case GGML_TYPE_TQ_QROT_A:
 
 /* ggml.c's type_traits rows (the codec's row functions, tq_codec.h) */
 #define GGML_TQ_TRAITS_ROW(name, NAME, values, bits, bytes, qrot)                                                   \
@@ -23,9 +24,21 @@
     [GGML_TYPE_##NAME] = {.type_name = #name, .blck_size = values, .type_size = (values) * sizeof(float),           \
                           .is_quantized = false, .to_float = (ggml_to_float_t) tq_unrotate_row##sfx,               \
                           .from_float_ref = (ggml_from_float_t) tq_rotate_row##sfx},
-#define GGML_TQ_TYPE_TRAITS TQ_FORMATS(GGML_TQ_TRAITS_ROW) TQ_QROT_FORMATS(GGML_TQ_QROT_TRAITS_ROW)
+/* TQ3A (tq_codec.h: four groups of their own width in 256 values) and its rotated-query helper type */
+#define GGML_TQ3A_TRAITS_ROWS                                                                                       \
+    [GGML_TYPE_TQ3A] = {.type_name = "tq3a", .blck_size = TQ3A_BLOCK, .type_size = TQ3A_BLOCK_BYTES,               \
+                        .is_quantized = true, .to_float = (ggml_to_float_t) tq3a_dequantize_row,                   \
+                        .from_float_ref = (ggml_from_float_t) tq3a_quantize_row},                                  \
+    [GGML_TYPE_TQ_QROT_A] = {.type_name = "tq_qrot_a", .blck_size = TQ3A_BLOCK,                                    \
+                             .type_size = TQ3A_BLOCK * sizeof(float), .is_quantized = false,                        \
+                             .to_float = (ggml_to_float_t) tq3a_unrotate_row,                                      \
+                             .from_float_ref = (ggml_from_float_t) tq3a_rotate_row},
+#define GGML_TQ_TYPE_TRAITS TQ_FORMATS(GGML_TQ_TRAITS_ROW) TQ_QROT_FORMATS(GGML_TQ_QROT_TRAITS_ROW) GGML_TQ3A_TRAITS_ROWS
 
-/* A TQ storage type (tq3, tq4 and their 64- / 96-value variants). */
+/* TQ3A: keys only, CPU kernels only (the GPU backends have none yet, so the TQ predicate below leaves it out). */
+static inline bool ggml_tq_is_tq3a(enum ggml_type t) { return t == GGML_TYPE_TQ3A; }
+
+/* A TQ storage type with kernels on every backend (tq3, tq4 and their 64- / 96-value variants). */
 static inline bool ggml_tq_is_tq(enum ggml_type t) {
     switch (t) {
         GGML_TQ_TYPE_CASES
