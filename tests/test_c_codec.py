@@ -72,4 +72,4 @@ def test_cpu_kernels_match_codec(tmp_path: Path, isa: str, flags: list[str], nee
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"isa {isa}\n" in proc.stdout, proc.stdout
-    assert proc.stdout.count("0/400 rows differ") == 6, proc.stdout  # tq3, tq4, tq3_64, tq4_64, tq3_96, tq4_96
+    assert proc.stdout.count("0/400 rows differ") == 7, proc.stdout  # tq3, tq4, tq3_64, tq4_64, tq3_96, tq4_96, tq3a

@@ -678,6 +678,8 @@ static const tq3a_group TQ3A_GROUPS[TQ3A_GROUPS_N] = {
 };
 
 const int TQ3A_GROUP_VALUES[TQ3A_GROUPS_N] = {32, 32, 64, 128};
+
+const float *tq3a_centroids(int g) { return g >= 0 && g < TQ3A_GROUPS_N ? TQ3A_GROUPS[g].cent : NULL; }
 const int TQ3A_GROUP_BITS[TQ3A_GROUPS_N] = {5, 4, 3, 2};
 
 /* Indices of one group: 5 bits: 8 indices in 5 bytes (40-bit word, index 8g+j at bit 5j); 4 bits: byte j holds

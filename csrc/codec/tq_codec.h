@@ -227,6 +227,8 @@ extern const uint32_t TQ3A_SIGNS[8];
 extern const int TQ3A_GROUP_VALUES[TQ3A_GROUPS_N];
 extern const int TQ3A_GROUP_BITS[TQ3A_GROUPS_N];
 
+/* Group g's 2^bits centroids (ascending), or NULL. */
+const float *tq3a_centroids(int g);
 void tq3a_quantize_block(const float *x, void *block);
 void tq3a_dequantize_block(const void *block, float *x);
 /* Rows of k values (k a multiple of 256; ggml guarantees it), ggml's signatures. */

@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 _CODEC_NAMES = {"quantize", "dequantize", "rotate", "unrotate", "codebook", "signs", "dot_rotated"}
 __all__ = [
     "GGML_TYPE_TQ3",
+    "GGML_TYPE_TQ3A",
     "GGML_TYPE_TQ3_64",
     "GGML_TYPE_TQ3_96",
     "GGML_TYPE_TQ4",

@@ -144,12 +144,17 @@ def triatt_configure(llm_or_ctx: object, budget: int, **settings: int | str) -> 
         raise UsageError(err.value.decode())
 
 
-def tq_configure(llm: object, keys: str = "auto", attn_rot: str = "auto") -> None:
+def tq_configure(
+    llm: object, keys: str = "auto", attn_rot: str = "auto", keys_cal: str | os.PathLike[str] | None = None,
+    type_k: int | None = None,
+) -> None:  # fmt: skip
     """The TQ cache options of a llama_cpp.Llama (llama_tq_params: the key transforms, --tq-keys
-    auto|1|mean|eq|0|matrix, and upstream's attention rotation on the TQ sides, --tq-attn-rot auto|0|1|k|v).
-    They are fixed when a context is made, so the Llama's context is made again with its own context parameters
-    (llama_init_from_model_tq): its cache starts empty, and TriAttention is configured after this, not before.
-    UsageError for a bad value (llama.cpp's message) or something that is not a Llama."""
+    auto|1|mean|eq|0|matrix, and upstream's attention rotation on the TQ sides, --tq-attn-rot auto|0|1|k|v; keys_cal:
+    the calibration file tq3a keys need, --tq-keys-cal; type_k: another K cache type, e.g. GGML_TYPE_TQ3A, which a
+    Llama cannot be made with directly since it needs keys_cal). They are fixed when a context is made, so the Llama's
+    context is made again with its own context parameters (llama_init_from_model_tq_cal): its cache starts empty, and
+    TriAttention is configured after this, not before. UsageError for a bad value (llama.cpp's message) or something
+    that is not a Llama; ToolError where libllama refuses the context (the log says why)."""
     llama_cpp = importlib.import_module("llama_cpp")
     wrapper = getattr(llm, "_ctx", None)
     if wrapper is None or not hasattr(wrapper, "params") or not hasattr(wrapper, "model"):
@@ -160,12 +165,17 @@ def tq_configure(llm: object, keys: str = "auto", attn_rot: str = "auto") -> Non
     for name, value in (("keys", keys), ("attn_rot", attn_rot)):
         if lib.llama_tq_params_set(ctypes.byref(params), name.encode(), str(value).encode(), err, len(err)) != 0:
             raise UsageError(err.value.decode())
-    init = lib.llama_init_from_model_tq
-    init.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.POINTER(TqParams)]
+    init = lib.llama_init_from_model_tq_cal
+    init.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.POINTER(TqParams), ctypes.c_char_p]
     init.restype = ctypes.c_void_p
-    new = init(wrapper.model.model, wrapper.params, ctypes.byref(params))
+    cparams = llama_cpp.llama_context_params.from_buffer_copy(wrapper.params)
+    if type_k is not None:
+        cparams.type_k = type_k
+    cal = os.fsencode(keys_cal) if keys_cal is not None else None
+    new = init(wrapper.model.model, cparams, ctypes.byref(params), cal)
     if not new:
-        raise ToolError("llama_init_from_model_tq failed (the log says why)")
+        raise ToolError("llama_init_from_model_tq_cal failed (the log says why)")
+    wrapper.params = cparams
     old, wrapper.ctx = wrapper.ctx, llama_cpp.llama_context_p(new)
     wrapper.memory = llama_cpp.llama_get_memory(wrapper.ctx)
     llama_cpp.llama_free(old)
@@ -182,12 +192,13 @@ def triatt_stats(llm_or_ctx: object) -> tuple[int, int, int]:
 
 
 TQ_TYPE_NAMES = ("GGML_TYPE_TQ3", "GGML_TYPE_TQ4", "GGML_TYPE_TQ3_64", "GGML_TYPE_TQ4_64", "GGML_TYPE_TQ3_96",
-                 "GGML_TYPE_TQ4_96")  # fmt: skip
+                 "GGML_TYPE_TQ4_96", "GGML_TYPE_TQ3A")  # fmt: skip
 
 
 def __getattr__(name: str) -> int:
     """GGML_TYPE_TQ3 / GGML_TYPE_TQ4 (and the 64- and 96-value GGML_TYPE_TQ3_64 / TQ4_64 / TQ3_96 / TQ4_96, which
-    libllama also picks by itself for heads that need them): the library's own ids for the TQ types."""
+    libllama also picks by itself for heads that need them; GGML_TYPE_TQ3A, keys only, through tq_configure): the
+    library's own ids for the TQ types."""
     if name in TQ_TYPE_NAMES:
         return ggml_type_id(name.removeprefix("GGML_TYPE_").lower())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ _UPSTREAM = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0, "q4
              "iq4_nl": _Q.IQ4_NL, "q5_0": _Q.Q5_0, "q5_1": _Q.Q5_1}  # fmt: skip
 # the codec's formats (csrc/codec/tq_formats.h); the _64 / _96 variants, 64- and 96-value blocks, are picked for
 # heads that need them
-TQ_TYPES = tuple(_codec.BLOCK_VALUES)
+TQ_TYPES = (*_codec.BLOCK_VALUES, "tq3a")  # tq3a: keys only, heads of 256, with a calibration (llama-tq calibrate)
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class CacheType:
 
 CACHE_TYPES: dict[str, CacheType] = {
     **{n: CacheType(n, *gguf.GGML_QUANT_SIZES[t]) for n, t in _UPSTREAM.items()},
-    **{n: CacheType(n, _codec.BLOCK_VALUES[n], _codec.BLOCK_BYTES[n]) for n in TQ_TYPES},
+    **{n: CacheType(n, _codec.BLOCK_VALUES[n], _codec.BLOCK_BYTES[n]) for n in _codec.BLOCK_VALUES},
+    "tq3a": CacheType("tq3a", 256, _codec.TQ3A_BLOCK_BYTES),
 }
 # what `llama-tq memory` and the demo compare, smallest-loss first
 REPORT_TYPES = ("f16", "q8_0", "q4_0", "tq4", "tq3")

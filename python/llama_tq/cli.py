@@ -25,6 +25,7 @@ examples:
   llama-tq niah --ctx 4096              strict needle in a haystack, start/middle/end
   llama-tq bench                        llama-bench ratios vs q4_0 at depths 0 and 4096
   llama-tq validate                     codec MSE vs. TurboQuant's bounds
+  llama-tq calibrate -o m.tqcal         what tq3a keys need: then -ctk tq3a --tq-keys-cal m.tqcal
   llama-tq memory                       KV cache size per type for the default model
   llama-tq memory model.gguf --ctx 32768
   llama-tq patch ~/src/llama.cpp --check   would our series apply to your tree?
@@ -234,6 +235,16 @@ def _cmd_v3(args: argparse.Namespace) -> int:
     return EXIT_OK if report["ok"] else EXIT_FAILED
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate
+
+    model = _model(args)
+    x = calibrate(model, _haystack(args), args.tokens, args.out, threads=args.threads)
+    print(f"wrote {args.out}: the key energies of {len(x)} layers over {args.tokens} tokens; use it with "
+          f"-ctk tq3a --tq-keys-cal {shlex.quote(str(args.out))}")  # fmt: skip
+    return EXIT_OK
+
+
 def _cmd_python_binding(args: argparse.Namespace) -> int:
     from .tooling.binding_install import install_llama_cpp_python
 
@@ -384,6 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument("--out", type=Path, default=Path("out/evict"))
     p.set_defaults(func=_cmd_evict)
+
+    p = sub.add_parser("calibrate", help="the calibration tq3a keys need (-ctk tq3a --tq-keys-cal FILE)")
+    p.add_argument("--model", type=Path, help="a .gguf (default: Gemma 3 270M from PyPI)")
+    p.add_argument("--text", type=Path, help="calibration text (default: the demo's embedded text)")
+    p.add_argument("--tokens", type=_int_at_least(64), default=2048, help="tokens of it to run (default 2048)")
+    p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
+    p.add_argument("-o", "--out", type=Path, required=True, help="the calibration file to write")
+    p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("python-binding", help="install the matching llama-cpp-python, bound to these libraries")
     p.set_defaults(func=_cmd_python_binding)

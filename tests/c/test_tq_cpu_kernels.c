@@ -108,6 +108,37 @@ int main(void) {
         failures += mismatched_rows != 0;
         failures += worst > 1e-4;
     }
+    { /* TQ3A: the codec's bytes, and the K dot (SIMD where built) against the codec's */
+        int mismatched_rows = 0;
+        double worst = 0;
+        for (int r = 0; r < ROWS; ++r) {
+            const float scale = (r % 7 == 0) ? 1e-3f : (r % 5 == 0 ? 300.0f : 1.0f);
+            for (int i = 0; i < N; ++i) {
+                x[i] = scale * (frand(&seed) + (i % 37 == 0 ? 4.0f * frand(&seed) : 0.0f)) * (i % 256 < 64 ? 3.0f : 1.0f);
+                q[i] = frand(&seed);
+            }
+            tq3a_quantize_row(x, a, N);
+            ggml_tq3a_from_float(x, b, N);
+            mismatched_rows += memcmp(a, b, N / TQ3A_BLOCK * TQ3A_BLOCK_BYTES) != 0;
+            ggml_tq_qrot_a_from_float(q, qrot, N);
+            float got;
+            ggml_vec_dot_tq3a_qrot(N, &got, 0, a, 0, qrot, 0, 1);
+            const float want = tq3a_dot_rotated_row(a, qrot, N);
+            /* relative to the sum of the terms' magnitudes: the SIMD sum runs in another order, and these random dot
+             * products cancel to near zero */
+            tq3a_dequantize_row_rotated(a, vr, N);
+            double mag = 1e-30;
+            for (int i = 0; i < N; ++i) {
+                mag += fabs((double)vr[i] * qrot[i]);
+            }
+            const double err = fabs((double)got - want) / mag;
+            worst = err > worst ? err : worst;
+        }
+        printf("tq3a: %d/%d rows differ from the codec's bytes, worst dot error %.2e of the terms' sum\n",
+               mismatched_rows, ROWS, worst);
+        failures += mismatched_rows != 0;
+        failures += worst > 1e-4;
+    }
     ggml_tq_unrotate_t unrot = NULL;
     failures += ggml_tq_fa_v_to_float(GGML_TYPE_Q8_0, &unrot) != NULL || unrot != NULL;
     return failures ? 1 : 0;

@@ -70,7 +70,14 @@ inline bool llama_tq3a_check(const llama_model & model, bool is_k, bool offload_
     const std::string arch = model.arch_name();
     bool fits = cal->arch == arch && cal->n_layer == hp.n_layer() && cal->head == hp.n_embd_head_k(0);
     for (uint32_t il = 0; fits && il < hp.n_layer(); ++il) {
-        fits = !hp.has_kv(il) || (cal->have[il] && cal->n_head_kv == hp.n_head_kv(il));
+        fits = !hp.has_kv(il) || cal->n_head_kv == hp.n_head_kv(il);
+    }
+    for (uint32_t il = 0; fits && il < hp.n_layer(); ++il) {
+        if (hp.has_kv(il) && !cal->have[il]) {
+            LLAMA_LOG_ERROR("%s: the TQ key calibration %s has no energies of layer %u: write it again with "
+                            "`llama-tq calibrate`\n", __func__, cal->path.c_str(), il);
+            return false;
+        }
     }
     if (!fits) {
         LLAMA_LOG_ERROR("%s: the TQ key calibration %s is of another model (%s, %u layers, %u KV heads of %u; this "

@@ -363,12 +363,90 @@ ggml_to_float_t ggml_tq_fa_v_to_float(enum ggml_type type, ggml_tq_unrotate_t *u
     }
 }
 
-/* TQ3A (keys only): the codec's own row functions; the dot decodes each sub-block's indices straight from the packed
- * bytes against the query rotated group by group (no SIMD yet). */
+/* TQ3A (keys only): the codec's own quantizer (one row per token and KV head); the dot, which runs over every cached
+ * key, decodes each sub-block of 32 values straight from the packed bytes (tq_codec.h's layout) against the query
+ * rotated group by group: 8 values per instruction under AVX2, the codec's C loop otherwise. */
 void ggml_tq3a_from_float(const float *x, void *y, int64_t k) { tq3a_quantize_row(x, y, k); }
+
+#if defined(GGML_TQ_AVX2)
+/* Values 8j..8j+7 of sub-block sb as centroid indices (int32 lanes). */
+static inline __m256i tq3a_indices8(const uint8_t *b, int sb, int j) {
+    if (sb == 0) { /* 5 bits: the 40-bit word of values 8j..8j+7; lanes 6, 7 read it from byte 1 on */
+        const uint8_t *p = b + 12 + 5 * j;
+        const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+        const uint32_t hi = (uint32_t)p[1] | ((uint32_t)p[2] << 8) | ((uint32_t)p[3] << 16) | ((uint32_t)p[4] << 24);
+        const __m256i w = _mm256_setr_epi32((int)lo, (int)lo, (int)lo, (int)lo, (int)lo, (int)lo, (int)hi, (int)hi);
+        const __m256i sh = _mm256_setr_epi32(0, 5, 10, 15, 20, 25, 22, 27);
+        return _mm256_and_si256(_mm256_srlv_epi32(w, sh), _mm256_set1_epi32(31));
+    }
+    if (sb == 1) { /* 4 bits: values 0..15 the low nibbles of bytes 32..47, 16..31 their high nibbles */
+        const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 32 + 8 * (j & 1))));
+        return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(j >= 2 ? 4 : 0)), _mm256_set1_epi32(15));
+    }
+    if (sb < 4) { /* 3 bits: group 2's 3-byte words, sub-block 2 the first four, 3 the next */
+        return tq3_indices8(b + 48, 4 * (sb - 2) + j);
+    }
+    /* 2 bits: quarter sb - 4 of group 3 is bits 2(sb - 4) of bytes 72..103 */
+    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 72 + 8 * j)));
+    return _mm256_and_si256(_mm256_srl_epi32(raw, _mm_cvtsi32_si128(2 * (sb - 4))), _mm256_set1_epi32(3));
+}
+
+/* Centroids of up to 32 entries: lo, hi hold entries 0..7, 8..15 (and lo2, hi2 16..31); bits 3 and 4 of the index
+ * pick the table (moved to the sign bit for the blends). */
+static inline __m256 tq3a_lookup(const __m256 *t, int bits, __m256i idx) {
+    if (bits <= 3) {
+        return _mm256_permutevar8x32_ps(t[0], idx);
+    }
+    const __m256 a = tq4_lookup(t[0], t[1], idx);
+    if (bits == 4) {
+        return a;
+    }
+    const __m256 c = tq4_lookup(t[2], t[3], idx);
+    return _mm256_blendv_ps(a, c, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 27)));
+}
+
+static float tq3a_dot_avx2(const uint8_t *x, const float *q, int n) {
+    static const int bits_of[8] = {5, 4, 3, 3, 2, 2, 2, 2};
+    static const int group_of[8] = {0, 1, 2, 2, 3, 3, 3, 3};
+    const float *sub = tq_subscales();
+    __m256 t[4][4];
+    for (int g = 0; g < TQ3A_GROUPS_N; ++g) { /* the groups' codebooks, padded to whole tables */
+        float pad[32] = {0};
+        const int levels = 1 << TQ3A_GROUP_BITS[g];
+        memcpy(pad, tq3a_centroids(g), (size_t)levels * sizeof(float));
+        for (int k = 0; k < 4; ++k) {
+            t[g][k] = _mm256_loadu_ps(pad + 8 * k);
+        }
+    }
+    __m256 total = _mm256_setzero_ps();
+    for (int b = 0; b < n / TQ3A_BLOCK; ++b, x += TQ3A_BLOCK_BYTES, q += TQ3A_BLOCK) {
+        const unsigned subs = (unsigned)x[8] | ((unsigned)x[9] << 8) | ((unsigned)x[10] << 16) | ((unsigned)x[11] << 24);
+        __m256 grp[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int sb = 0; sb < 8; ++sb) {
+            const int g = group_of[sb];
+            __m256 acc = _mm256_mul_ps(tq3a_lookup(t[g], bits_of[sb], tq3a_indices8(x, sb, 0)), _mm256_loadu_ps(q + 32 * sb));
+            for (int j = 1; j < 4; ++j) {
+                acc = _mm256_fmadd_ps(tq3a_lookup(t[g], bits_of[sb], tq3a_indices8(x, sb, j)),
+                                      _mm256_loadu_ps(q + 32 * sb + 8 * j), acc);
+            }
+            grp[g] = _mm256_fmadd_ps(_mm256_set1_ps(sub[(subs >> (4 * sb)) & 15u]), acc, grp[g]);
+        }
+        for (int g = 0; g < TQ3A_GROUPS_N; ++g) {
+            const float s = tq_bf16_to_fp32((uint16_t)(x[2 * g] | (x[2 * g + 1] << 8)));
+            total = _mm256_fmadd_ps(_mm256_set1_ps(s), grp[g], total);
+        }
+    }
+    return tq_hsum(total);
+}
+#endif
+
 void ggml_vec_dot_tq3a_qrot(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by,
                             int nrc) {
     (void)bs; (void)bx; (void)by; (void)nrc;
+#if defined(GGML_TQ_AVX2)
+    *s = tq3a_dot_avx2((const uint8_t *)vx, (const float *)vy, n);
+#else
     *s = tq3a_dot_rotated_row(vx, (const float *)vy, n);
+#endif
 }
 void ggml_tq_qrot_a_from_float(const float *x, void *y, int64_t k) { tq3a_rotate_row(x, y, k); }
