@@ -18,7 +18,6 @@ layers, and the attention-output relative error; ratios to rotated q4_0.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import re
 import sys
@@ -28,77 +27,24 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from llama_tq import _codec, binding
+from llama_tq import _codec
+from llama_tq.capture import run_capture
 from llama_tq.harness.demo import default_text
 from llama_tq.models import default_model
-from llama_tq.paths import lib_dir
 
 WANT = re.compile(r"^[QKV]cur-\d+$")
 
 
 def capture(model: Path, text: str, n_tokens: int) -> dict[str, np.ndarray]:
-    """Run the model over the first n_tokens of text; return {'Qcur-L': [T, H, D], ...} (post-RoPE, unscaled)."""
-    llama_cpp = binding.llama_cpp()
-    ggml = ctypes.CDLL(str(lib_dir() / "libggml-base.so"))
-    ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
-    ggml.ggml_get_name.restype = ctypes.c_char_p
-    ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
-    ggml.ggml_nbytes.restype = ctypes.c_size_t
-    ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    """Run the model over the first n_tokens of text; return {'Qcur-L': [T, H, D], ...} (post-RoPE, unscaled) for
+    the names WANT matches (set at call time: the lab scripts narrow it to some layers)."""
     parts: dict[str, list[np.ndarray]] = {}
-    state = {"ubatch": -1}
 
-    def on_tensor(t: int, ask: bool, _user: int) -> bool:
-        name = ggml.ggml_get_name(t).decode()
-        if name == "attn_norm-0" and ask:
-            state["ubatch"] += 1
-        if not WANT.match(name):
-            return name == "attn_norm-0"
-        if ask:
-            return True
-        ne = np.ctypeslib.as_array((ctypes.c_int64 * 4).from_address(t + 16)).copy()  # struct ggml_tensor.ne
-        if int(ctypes.c_int32.from_address(t).value) != 0:  # GGML_TYPE_F32 only
-            return True
-        buf = np.empty(int(np.prod(ne)), dtype=np.float32)
-        ggml.ggml_backend_tensor_get(t, buf.ctypes.data, 0, ggml.ggml_nbytes(t))
-        lst = parts.setdefault(name, [])
-        arr = buf.reshape(int(ne[2]), int(ne[1]), int(ne[0]))  # [tokens, heads, D]
-        if len(lst) > state["ubatch"]:
-            lst[state["ubatch"]] = arr  # the later node of that name in the same graph: after RoPE
-        else:
-            lst.append(arr)
-        return True
+    def keep(tensors: dict[str, np.ndarray]) -> None:
+        for name, arr in tensors.items():
+            parts.setdefault(name, []).append(arr)
 
-    cb = llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
-    llama_cpp.llama_backend_init()
-    mp = llama_cpp.llama_model_default_params()
-    mdl = llama_cpp.llama_model_load_from_file(str(model).encode(), mp)
-    if not mdl:
-        raise SystemExit(f"could not load {model}")
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = n_tokens
-    cp.n_batch = 512
-    cp.n_ubatch = 512
-    cp.n_threads = cp.n_threads_batch = 2
-    cp.cb_eval = cb
-    cp.cb_eval_user_data = None
-    ctx = llama_cpp.llama_init_from_model(mdl, cp)
-    if not ctx:
-        raise SystemExit("could not create a context (see the log above)")
-    vocab = llama_cpp.llama_model_get_vocab(mdl)
-    raw = text.encode()
-    toks = (llama_cpp.llama_token * (len(raw) + 8))()
-    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), toks, len(toks), True, False)
-    if n < n_tokens:
-        raise SystemExit(f"the text has {n} tokens, fewer than --tokens {n_tokens}")
-    for i in range(0, n_tokens, 512):
-        k = min(512, n_tokens - i)
-        arr = (llama_cpp.llama_token * k)(*toks[i : i + k])
-        if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, k)) != 0:
-            raise SystemExit("llama_decode failed")
-        print(f"  decoded {i + k}/{n_tokens} tokens", file=sys.stderr)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(mdl)
+    run_capture(model, text, n_tokens, WANT, keep)
     return {name: np.concatenate(lst, axis=0) for name, lst in parts.items()}
 
 

@@ -21,9 +21,7 @@ The file (text; libllama's reader in llama-tq-params.cpp refuses anything else):
 
 from __future__ import annotations
 
-import ctypes
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,78 +106,20 @@ def _architecture(model: Path) -> tuple[str, int]:
 
 
 def calibrate(model: Path, text: str, n_tokens: int, out: Path, threads: int = 2) -> dict[int, np.ndarray]:
-    """Runs the model (an f16 cache) over the first n_tokens of text through llama-cpp-python on the patched
-    libraries, capturing each layer's post-RoPE Qcur / Kcur, and writes the energies to out."""
-    from . import binding
-    from .paths import lib_dir
+    """Runs the model (an f16 cache) over the first n_tokens of text, capturing each layer's post-RoPE Qcur / Kcur
+    (capture.py), and writes the energies to out."""
+    from .capture import run_capture
 
     if n_tokens < 64:
         raise UsageError(f"--tokens must be at least 64 (got {n_tokens})")
     arch, n_layer = _architecture(model)
-    llama_cpp = binding.llama_cpp()
-    ggml = ctypes.CDLL(str(lib_dir() / "libggml-base.so"))
-    ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
-    ggml.ggml_get_name.restype = ctypes.c_char_p
-    ggml.ggml_nbytes.argtypes = [ctypes.c_void_p]
-    ggml.ggml_nbytes.restype = ctypes.c_size_t
-    ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     sums = _Sums()
-    pending: dict[str, np.ndarray] = {}  # this ubatch's latest node of each name: added when the ubatch is done
 
-    def flush() -> None:
-        for name, arr in pending.items():
+    def on_ubatch(tensors: dict[str, np.ndarray]) -> None:
+        for name, arr in tensors.items():
             sums.add(name, arr)
-        pending.clear()
 
-    def on_tensor(t: int, ask: bool, _user: int) -> bool:
-        name = ggml.ggml_get_name(t).decode()
-        if name == "attn_norm-0" and ask:
-            flush()  # a new ubatch's graph begins
-        if not _NAME.match(name):
-            return name == "attn_norm-0"
-        if ask:
-            return True
-        if int(ctypes.c_int32.from_address(t).value) != 0:  # struct ggml_tensor.type: GGML_TYPE_F32 only
-            return True
-        ne = np.ctypeslib.as_array((ctypes.c_int64 * 4).from_address(t + 16)).copy()  # struct ggml_tensor.ne
-        buf = np.empty(int(np.prod(ne)), dtype=np.float32)
-        ggml.ggml_backend_tensor_get(t, buf.ctypes.data, 0, ggml.ggml_nbytes(t))
-        pending[name] = buf.reshape(int(ne[2]), int(ne[1]), int(ne[0]))  # [tokens, heads, D]; the later node wins
-        return True
-
-    cb = llama_cpp.ggml_backend_sched_eval_callback(on_tensor)
-    llama_cpp.llama_backend_init()
-    mdl = llama_cpp.llama_model_load_from_file(str(model).encode(), llama_cpp.llama_model_default_params())
-    if not mdl:
-        raise ModelError(f"could not load {model}")
-    ctx = None
-    try:
-        cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = n_tokens
-        cp.n_batch = cp.n_ubatch = 512
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.cb_eval = cb
-        cp.cb_eval_user_data = None
-        ctx = llama_cpp.llama_init_from_model(mdl, cp)
-        if not ctx:
-            raise ToolError("could not create a context for the calibration (see the log above)")
-        vocab = llama_cpp.llama_model_get_vocab(mdl)
-        raw = text.encode()
-        toks = (llama_cpp.llama_token * (len(raw) + 8))()
-        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), toks, len(toks), True, False)
-        if n < n_tokens:
-            raise UsageError(f"the text has {n} tokens, fewer than --tokens {n_tokens}")
-        for i in range(0, n_tokens, 512):
-            k = min(512, n_tokens - i)
-            arr = (llama_cpp.llama_token * k)(*toks[i : i + k])
-            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, k)) != 0:
-                raise ToolError("llama_decode failed during the calibration")
-            flush()
-            print(f"  calibrate: {i + k}/{n_tokens} tokens", file=sys.stderr, flush=True)
-    finally:
-        if ctx:
-            llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(mdl)
+    run_capture(model, text, n_tokens, _NAME, on_ubatch, threads=threads, what="calibrate")
     layers = sorted(set(sums.q2) & set(sums.k1))
     if not layers:
         raise ToolError(f"no Qcur / Kcur tensors were seen: cannot calibrate a {arch} model this way")

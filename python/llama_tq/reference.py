@@ -235,11 +235,16 @@ def _tq3a_pack(idx: np.ndarray, bits: int) -> np.ndarray:
         return (idx[:, : n // 2] | (idx[:, n // 2 :] << np.uint64(4))).astype(np.uint8)
     if bits == 2:
         q = n // 4
-        return sum(idx[:, k * q : (k + 1) * q] << np.uint64(2 * k) for k in range(4)).astype(np.uint8)
+        packed = np.zeros((n_rows, q), np.uint64)
+        for k in range(4):
+            packed |= idx[:, k * q : (k + 1) * q] << np.uint64(2 * k)
+        return packed.astype(np.uint8)
     per = {5: 5, 3: 3}[bits]  # bytes of 8 indices
     w = np.sum(idx.reshape(n_rows, n // 8, 8) << (np.uint64(bits) * np.arange(8, dtype=np.uint64)), axis=2)
-    return np.stack([(w >> np.uint64(8 * t)) & np.uint64(0xFF) for t in range(per)], axis=2).reshape(n_rows, -1).astype(
-        np.uint8
+    return (
+        np.stack([(w >> np.uint64(8 * t)) & np.uint64(0xFF) for t in range(per)], axis=2)
+        .reshape(n_rows, -1)
+        .astype(np.uint8)
     )
 
 
@@ -260,7 +265,9 @@ def tq3a_unpack(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         else:
             per = bits  # 8 indices in `bits` bytes
             b = body.reshape(n_rows, n // 8, per)
-            w = sum(b[:, :, t] << np.uint64(8 * t) for t in range(per))
+            w = np.zeros((n_rows, n // 8), np.uint64)
+            for t in range(per):
+                w |= b[:, :, t] << np.uint64(8 * t)
             mask = np.uint64((1 << bits) - 1)
             ig = ((w[:, :, None] >> (np.uint64(bits) * np.arange(8, dtype=np.uint64))) & mask).reshape(n_rows, n)
         idx[:, off : off + n] = ig
@@ -271,8 +278,9 @@ def tq3a_dequantize(blocks: np.ndarray) -> np.ndarray:
     scale, sub, idx = tq3a_unpack(blocks)
     out = np.zeros((len(scale), 256))
     for g, (off, n, _) in enumerate(TQ3A_GROUPS):
-        c = SUBSCALES[np.repeat(sub[:, off // 32 : (off + n) // 32], 32, axis=1)] * tq3a_book(g).centroids[
-            idx[:, off : off + n]
-        ]
+        c = (
+            SUBSCALES[np.repeat(sub[:, off // 32 : (off + n) // 32], 32, axis=1)]
+            * tq3a_book(g).centroids[idx[:, off : off + n]]
+        )
         out[:, off : off + n] = scale[:, g : g + 1] * (c @ tq3a_rotation(g))
     return out

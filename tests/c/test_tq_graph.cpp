@@ -1,4 +1,4 @@
-// ggml graphs with TQ3/TQ4 tensors on the patched CPU backend, against float references built from the codec's
+// ggml graphs with TQ3/TQ4 (and TQ3A key) tensors on the patched CPU backend, against float references built from the codec's
 // own dequantized values (built and run by tests/test_ggml_graph.py).
 //
 // Checked: SET_ROWS writes exactly the codec's bytes; GET_ROWS returns exactly the codec's dequantization;
@@ -105,8 +105,9 @@ static void test_set_get_rows(ggml_type t, int bits, int64_t d, std::mt19937 & r
     }
     compute(ctx, ggml_set_rows(ctx, cache, src, idx), 2);
 
-    const int nb = (int) ggml_blck_size(t);  // 128, or 64 for the 64-value variants
-    std::vector<uint8_t> want(tq_block_bytes_n(bits, nb) * (d / nb));
+    const int nb = (int) ggml_blck_size(t);  // 128, or 64 for the 64-value variants, 256 for TQ3A
+    const bool grouped = t == GGML_TYPE_TQ3A;  // four groups of their own width (bits unused)
+    std::vector<uint8_t> want(ggml_type_size(t) * (d / nb));
     std::vector<float> deq(d);
     ggml_tensor * gidx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_new);
     for (int64_t i = 0; i < n_new; ++i) {
@@ -117,9 +118,17 @@ static void test_set_get_rows(ggml_type t, int bits, int64_t d, std::mt19937 & r
     bool bytes_ok = true, rows_ok = true;
     for (int64_t i = 0; i < n_new; ++i) {
         const int64_t cell = ((int64_t *) idx->data)[i];
-        tq_quantize_row_n(bits, nb, vals.data() + i * d, want.data(), d);
+        if (grouped) {
+            tq3a_quantize_row(vals.data() + i * d, want.data(), d);
+        } else {
+            tq_quantize_row_n(bits, nb, vals.data() + i * d, want.data(), d);
+        }
         bytes_ok &= std::memcmp((char *) cache->data + cell * cache->nb[1], want.data(), want.size()) == 0;
-        tq_dequantize_row_n(bits, nb, want.data(), deq.data(), d);
+        if (grouped) {
+            tq3a_dequantize_row(want.data(), deq.data(), d);
+        } else {
+            tq_dequantize_row_n(bits, nb, want.data(), deq.data(), d);
+        }
         rows_ok &= std::memcmp((float *) got->data + i * d, deq.data(), d * sizeof(float)) == 0;
     }
     check(bytes_ok, std::string("SET_ROWS bytes == codec, ") + ggml_type_name(t) + " d=" + std::to_string(d));
@@ -278,6 +287,20 @@ int main() {
                 for (int64_t r : {1, 4}) {
                     test_flash_attn(pr[0], pr[1], d, n_kv, r, n_kv > 1, rng);
                 }
+            }
+        }
+    }
+    // TQ3A keys (heads of 256, K only): with TQ, q8_0 and f16 values
+    for (int64_t d : {256, 512}) {
+        test_set_get_rows(GGML_TYPE_TQ3A, 0, d, rng);
+        for (int64_t n_kv : {1, 33}) {
+            test_mul_mat(GGML_TYPE_TQ3A, d, n_kv, rng);
+        }
+    }
+    for (ggml_type tv : {GGML_TYPE_TQ3, GGML_TYPE_TQ4, GGML_TYPE_Q8_0, GGML_TYPE_F16}) {
+        for (int64_t n_kv : {1, 70, 600}) {
+            for (int64_t r : {1, 4}) {
+                test_flash_attn(GGML_TYPE_TQ3A, tv, 256, n_kv, r, n_kv > 1, rng);
             }
         }
     }

@@ -56,6 +56,9 @@ inline bool llama_tq3a_check(const llama_model & model, bool is_k, bool offload_
             return false;
         }
     }
+    if (hp.no_alloc) {
+        return true; // a memory probe (common's fit to device memory) of a model without weights: nothing runs
+    }
     const int32_t mode = llama_tq_params_for_new_cache().keys;
     if (mode != LLAMA_TQ_KEYS_AUTO && mode != LLAMA_TQ_KEYS_MATRIX) {
         LLAMA_LOG_ERROR("%s: tq3a keys always take the key transforms (--tq-keys auto)\n", __func__);
