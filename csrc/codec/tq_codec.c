@@ -160,10 +160,10 @@ int tq_unrotate_n(int n, const float *y, float *x) {
     return 0;
 }
 
-/* tq3: groups of 8 indices in 3 bytes; tq4: byte j holds index j and index j + n/2. */
-static void tq_pack_fmt(const tq_fmt *f, const uint8_t *idx, uint8_t *q) {
-    if (f->bits == 3) {
-        for (int g = 0; g < f->n / 8; ++g) {
+/* 3 bits: groups of 8 indices in 3 bytes; 4 bits: byte j holds index j and index j + n/2 (n indices). */
+static void tq_pack34(int bits, int n, const uint8_t *idx, uint8_t *q) {
+    if (bits == 3) {
+        for (int g = 0; g < n / 8; ++g) {
             uint32_t w = 0;
             for (int j = 0; j < 8; ++j) {
                 w |= (uint32_t)(idx[8 * g + j] & 7u) << (3 * j);
@@ -173,29 +173,32 @@ static void tq_pack_fmt(const tq_fmt *f, const uint8_t *idx, uint8_t *q) {
             q[3 * g + 2] = (uint8_t)((w >> 16) & 0xffu);
         }
     } else {
-        const int half = f->n / 2;
+        const int half = n / 2;
         for (int j = 0; j < half; ++j) {
             q[j] = (uint8_t)((idx[j] & 15u) | ((idx[j + half] & 15u) << 4));
         }
     }
 }
 
-static void tq_unpack_fmt(const tq_fmt *f, const uint8_t *q, uint8_t *idx) {
-    if (f->bits == 3) {
-        for (int g = 0; g < f->n / 8; ++g) {
+static void tq_unpack34(int bits, int n, const uint8_t *q, uint8_t *idx) {
+    if (bits == 3) {
+        for (int g = 0; g < n / 8; ++g) {
             const uint32_t w = (uint32_t)q[3 * g] | ((uint32_t)q[3 * g + 1] << 8) | ((uint32_t)q[3 * g + 2] << 16);
             for (int j = 0; j < 8; ++j) {
                 idx[8 * g + j] = (uint8_t)((w >> (3 * j)) & 7u);
             }
         }
     } else {
-        const int half = f->n / 2;
+        const int half = n / 2;
         for (int j = 0; j < half; ++j) {
             idx[j] = q[j] & 15u;
             idx[j + half] = q[j] >> 4;
         }
     }
 }
+
+static void tq_pack_fmt(const tq_fmt *f, const uint8_t *idx, uint8_t *q) { tq_pack34(f->bits, f->n, idx, q); }
+static void tq_unpack_fmt(const tq_fmt *f, const uint8_t *q, uint8_t *idx) { tq_unpack34(f->bits, f->n, q, idx); }
 
 void tq_pack_indices(int bits, const uint8_t *idx, uint8_t *q) { tq_pack_fmt(tq_fmt_of(bits, TQ_BLOCK), idx, q); }
 void tq_unpack_indices(int bits, const uint8_t *q, uint8_t *idx) {
@@ -697,26 +700,14 @@ static void tq3a_pack(const tq3a_group *g, const uint8_t *idx, uint8_t *q) {
                 q[5 * b + t] = (uint8_t)((w >> (8 * t)) & 0xffu);
             }
         }
-    } else if (g->bits == 4) {
-        for (int j = 0; j < n / 2; ++j) {
-            q[j] = (uint8_t)((idx[j] & 15u) | ((idx[j + n / 2] & 15u) << 4));
-        }
-    } else if (g->bits == 3) {
-        for (int b = 0; b < n / 8; ++b) {
-            uint32_t w = 0;
-            for (int j = 0; j < 8; ++j) {
-                w |= (uint32_t)(idx[8 * b + j] & 7u) << (3 * j);
-            }
-            q[3 * b + 0] = (uint8_t)(w & 0xffu);
-            q[3 * b + 1] = (uint8_t)((w >> 8) & 0xffu);
-            q[3 * b + 2] = (uint8_t)((w >> 16) & 0xffu);
-        }
-    } else {
+    } else if (g->bits == 2) {
         const int quarter = n / 4;
         for (int j = 0; j < quarter; ++j) {
             q[j] = (uint8_t)((idx[j] & 3u) | ((idx[j + quarter] & 3u) << 2) | ((idx[j + 2 * quarter] & 3u) << 4) |
                              ((idx[j + 3 * quarter] & 3u) << 6));
         }
+    } else {
+        tq_pack34(g->bits, n, idx, q);
     }
 }
 
@@ -732,25 +723,15 @@ static void tq3a_unpack(const tq3a_group *g, const uint8_t *q, uint8_t *idx) {
                 idx[8 * b + j] = (uint8_t)((w >> (5 * j)) & 31u);
             }
         }
-    } else if (g->bits == 4) {
-        for (int j = 0; j < n / 2; ++j) {
-            idx[j] = q[j] & 15u;
-            idx[j + n / 2] = q[j] >> 4;
-        }
-    } else if (g->bits == 3) {
-        for (int b = 0; b < n / 8; ++b) {
-            const uint32_t w = (uint32_t)q[3 * b] | ((uint32_t)q[3 * b + 1] << 8) | ((uint32_t)q[3 * b + 2] << 16);
-            for (int j = 0; j < 8; ++j) {
-                idx[8 * b + j] = (uint8_t)((w >> (3 * j)) & 7u);
-            }
-        }
-    } else {
+    } else if (g->bits == 2) {
         const int quarter = n / 4;
         for (int j = 0; j < quarter; ++j) {
             for (int k = 0; k < 4; ++k) {
                 idx[j + k * quarter] = (q[j] >> (2 * k)) & 3u;
             }
         }
+    } else {
+        tq_unpack34(g->bits, n, q, idx);
     }
 }
 
