@@ -193,10 +193,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--prompt and --gen are both 0: nothing to measure")
     model = _model(args)
     rows = bench.run(model, configs, depths=args.depths, prompt=args.prompt, gen=args.gen, reps=args.reps,
-                     rounds=args.rounds, threads=args.threads, out_dir=args.out)  # fmt: skip
+                     rounds=args.rounds, threads=args.threads, extra=shlex.split(args.extra),
+                     out_dir=args.out)  # fmt: skip
     out = bench.table(rows, args.ref)
     meta = {"model": str(model), "depths": args.depths, "prompt": args.prompt, "gen": args.gen, "reps": args.reps,
-            "rounds": args.rounds, "threads": args.threads, "ref": args.ref}  # fmt: skip
+            "rounds": args.rounds, "threads": args.threads, "ref": args.ref, "extra": args.extra}  # fmt: skip
     bench.write_outputs(out, rows, args.out, meta)
     print(f"wrote {args.out}/bench.json, bench.csv")
     return EXIT_OK
@@ -359,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", "-r", type=_int_at_least(1), default=3, help="llama-bench repetitions per round")
     p.add_argument("--rounds", type=_int_at_least(1), default=1, help="interleaved rounds over all configs")
     p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
+    p.add_argument(
+        "--extra", type=_tool_args, default="", help="more llama-bench arguments, with '=': --extra='--tq-keys-cal m.tqcal'"
+    )
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.set_defaults(func=_cmd_bench)
 
