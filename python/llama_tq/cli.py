@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_int_at_least(1), default=1, help="interleaved rounds over all configs")
     p.add_argument("--threads", "-t", type=_int_at_least(1), default=2)
     p.add_argument(
-        "--extra", type=_tool_args, default="", help="more llama-bench arguments, with '=': --extra='--tq-keys-cal m.tqcal'"
+        "--extra", type=_tool_args, default="", help="more llama-bench arguments, with '=': --extra='--tq-keys-cal F'"
     )
     p.add_argument("--out", type=Path, default=Path("out/bench"))
     p.set_defaults(func=_cmd_bench)
