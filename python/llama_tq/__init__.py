@@ -18,7 +18,9 @@ from .paths import bin_dir, include_dir, lib_dir
 
 __version__ = "0.1.0"
 
-_CODEC_NAMES = {"quantize", "dequantize", "rotate", "unrotate", "codebook", "signs", "dot_rotated"}
+_CODEC_NAMES = {
+    "quantize", "dequantize", "rotate", "unrotate", "codebook", "signs", "dot_rotated", "tq3a_rotate", "tq3a_unrotate",
+}  # fmt: skip
 __all__ = [
     "GGML_TYPE_TQ3",
     "GGML_TYPE_TQ3A",
