@@ -35,6 +35,14 @@
                              .from_float_ref = (ggml_from_float_t) tq3a_rotate_row},
 #define GGML_TQ_TYPE_TRAITS TQ_FORMATS(GGML_TQ_TRAITS_ROW) TQ_QROT_FORMATS(GGML_TQ_QROT_TRAITS_ROW) GGML_TQ3A_TRAITS_ROWS
 
+/* ggml_quantize_chunk's cases of the TQ types (the patch puts them into its switch; they name that function's
+ * arguments and locals: src, dst, start, start_row, row_size, nrows, n_per_row, imatrix, result). */
+#define GGML_TQ_QUANTIZE_CASE(name, NAME, ...)                                                                       \
+    case GGML_TYPE_##NAME:                                                                                           \
+        result = quantize_##name(src + start, (char *) dst + start_row * row_size, nrows, n_per_row, imatrix);       \
+        break;
+#define GGML_TQ_QUANTIZE_CHUNK_CASES TQ_FORMATS(GGML_TQ_QUANTIZE_CASE) GGML_TQ_QUANTIZE_CASE(tq3a, TQ3A)
+
 /* TQ3A: keys only, CPU kernels only (the GPU backends have none yet, so the TQ predicate below leaves it out). */
 static inline bool ggml_tq_is_tq3a(enum ggml_type t) { return t == GGML_TYPE_TQ3A; }
 
