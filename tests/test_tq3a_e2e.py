@@ -55,9 +55,10 @@ def _run(tool: str, *args: str) -> tuple[int, str]:
 
 def _perplexity(text: Path, *flags: str) -> str:
     rc, log = _run("llama-perplexity", "-m", str(default_model()), "-f", str(text), "-c", "512", "-b", "512",
-                   "--chunks", "4", "-t", "2", "-fa", "on", *flags)  # fmt: skip
+                   "--chunks", "4", "-t", "2", "-fa", "on", "-lv", "4", *flags)  # fmt: skip
     assert rc == 0, log[-3000:]
-    assert re.search(r"Final estimate: PPL = [0-9.]+", log), log[-3000:]
+    done = r"^Mean +KLD:" if "--kl-divergence" in flags else r"Final estimate: PPL = [0-9.]+"
+    assert re.search(done, log, re.M), log[-3000:]
     return log
 
 
@@ -66,8 +67,10 @@ def test_calibration_file(cal: Path) -> None:
     assert (arch, n_layer, sorted(x)) == ("gemma3", 18, list(range(18)))
     for il, e in x.items():
         assert e.shape == (1, 256) and np.all(np.isfinite(e)) and np.all(e >= 0), il
-        pair = e[0, :128] + e[0, 128:]  # NEOX pairs (i, i + 128)
-        assert pair.max() > 10 * np.median(pair), f"layer {il}: the energies are nearly even, nothing to allocate"
+        pair = np.sort(e[0, :128] + e[0, 128:])[::-1]  # NEOX pairs (i, i + 128), loudest first
+        # uneven, as the allocation needs: the loudest 16 of 128 pairs (tq3a's 5-bit group) carry over twice their
+        # even share (measured: 0.32-0.59 of the energy on this model)
+        assert pair[:16].sum() > 0.25 * pair.sum(), f"layer {il}: the energies are nearly even, nothing to allocate"
 
 
 def test_tq3a_keys_beat_tq3(cal: Path, text: Path, tmp_path: Path) -> None:
