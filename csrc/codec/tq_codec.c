@@ -907,61 +907,22 @@ void tq3a_dequantize_row_rotated(const void *src, float *x, int64_t k) {
     }
 }
 
-/* The 32 indices of sub-block k (values 32k..32k+31) straight from the packed bytes: the dot product below decodes
- * nothing else (it runs over every cached key). */
-static void tq3a_subblock_indices(const uint8_t *b, int k, uint8_t *idx) {
-    if (k == 0) { /* group 0, 5 bits */
-        for (int w = 0; w < 4; ++w) {
-            const uint8_t *p = b + 12 + 5 * w;
-            const uint64_t v = (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) |
-                               ((uint64_t)p[3] << 24) | ((uint64_t)p[4] << 32);
-            for (int j = 0; j < 8; ++j) {
-                idx[8 * w + j] = (uint8_t)((v >> (5 * j)) & 31u);
-            }
-        }
-    } else if (k == 1) { /* group 1, 4 bits: byte j holds j and j + 16 */
-        for (int j = 0; j < 16; ++j) {
-            idx[j] = b[32 + j] & 15u;
-            idx[j + 16] = b[32 + j] >> 4;
-        }
-    } else if (k < 4) { /* group 2, 3 bits: its groups of 8 values 4(k-2) .. 4(k-2)+3 */
-        for (int w = 0; w < 4; ++w) {
-            const uint8_t *p = b + 48 + 3 * (4 * (k - 2) + w);
-            const uint32_t v = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16);
-            for (int j = 0; j < 8; ++j) {
-                idx[8 * w + j] = (uint8_t)((v >> (3 * j)) & 7u);
-            }
-        }
-    } else { /* group 3, 2 bits: quarter k-4 of the group is bits 2(k-4) of its 32 bytes */
-        for (int j = 0; j < 32; ++j) {
-            idx[j] = (b[72 + j] >> (2 * (k - 4))) & 3u;
-        }
-    }
-}
-
-/* The group of each sub-block. */
-static const uint8_t TQ3A_GROUP_OF_SUB[8] = {0, 1, 2, 2, 3, 3, 3, 3};
-
 float tq3a_dot_rotated_row(const void *src, const float *q_rot, int64_t k) {
+    float c[TQ3A_BLOCK];
     float total = 0.0f;
     for (int64_t b = 0; b < k / TQ3A_BLOCK; ++b) {
         const uint8_t *blk = (const uint8_t *)src + b * TQ3A_BLOCK_BYTES;
         const uint32_t subs = tq3a_load_subs(blk);
-        float group[TQ3A_GROUPS_N] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int sb = 0; sb < TQ3A_BLOCK / TQ_SUBBLOCK; ++sb) {
-            const tq3a_group *g = &TQ3A_GROUPS[TQ3A_GROUP_OF_SUB[sb]];
-            const float *q = q_rot + b * TQ3A_BLOCK + sb * TQ_SUBBLOCK;
-            uint8_t idx[TQ_SUBBLOCK];
-            tq3a_subblock_indices(blk, sb, idx);
-            float lane[8] = {0};
-            for (int i = 0; i < TQ_SUBBLOCK; ++i) {
-                lane[i & 7] += g->cent[idx[i]] * q[i];
+        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
+            const tq3a_group *g = &TQ3A_GROUPS[gi];
+            const float *qg = q_rot + b * TQ3A_BLOCK + g->off;
+            tq3a_group_rotated(g, blk, subs, c);
+            float lane[8] = {0}; /* 8 partial sums: the loop vectorizes without reassociation */
+            for (int i = 0; i < g->n; ++i) {
+                lane[i & 7] += c[i] * qg[i];
             }
             const float acc = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-            group[TQ3A_GROUP_OF_SUB[sb]] += TQ_SUBSCALE[(subs >> (4 * sb)) & 15u] * acc;
-        }
-        for (int gi = 0; gi < TQ3A_GROUPS_N; ++gi) {
-            total += tq3a_load_scale(blk, gi) * group[gi];
+            total += tq3a_load_scale(blk, gi) * acc;
         }
     }
     return total;
