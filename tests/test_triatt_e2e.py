@@ -37,27 +37,58 @@ def final_ppl(log: str) -> float:
     return float(m.group(1))
 
 
+ROUND = re.compile(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=(\d+) seq=0 kept=768 budget=768 policy=V3 "
+                   r"pos=(\d+) t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+( late=1)?$", re.M)  # fmt: skip
+KEPT = re.compile(r"triatt: round (\d+) ms: .* kept=([0-9a-f]{16})$", re.M)  # the debug line (-v)
+
+
 @pytest.mark.parametrize("kv", [("f16", "f16"), ("tq3", "tq3"), ("q8_0", "tq3")])
 def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
-    """-c 2048 in ubatches of 512, budget 768: after the 2nd and 3rd ubatch of each chunk the cache (1024, then 1280
-    cells) is above 768 + 128 and goes back to 768, so the scored 2nd half of every chunk sees evicted caches; V3
-    keeps PPL within 5% of the same cache without eviction."""
+    """-c 2048 in ubatches of 512, budget 768: after the 2nd and 4th ubatch of each chunk the cache (1024, then 1280
+    cells) is above 768 + 128; each round is late (a ubatch longer than the window: decided then, applied after the
+    next ubatch), so it goes back to 768 during the 3rd and after the 4th (that round is dropped: the next chunk
+    clears the cache). The scored 2nd half of every chunk sees evicted caches; V3 keeps PPL within 5% of the same
+    cache without eviction."""
     base = perplexity(text, "-ctk", kv[0], "-ctv", kv[1])
     assert base.returncode == 0 and "triatt: evict:" not in base.stderr
     baseline = final_ppl(base.stdout + base.stderr)
     proc = perplexity(text, "-ctk", kv[0], "-ctv", kv[1], "--triatt-budget", "768", "--triatt-warmup", "256")
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
-    rounds = re.findall(r"^.*triatt: evict: evicted (\d+)/(\d+) cells round=(\d+) seq=0 kept=768 budget=768 "
-                        r"policy=V3 pos=\d+ t_ms=[0-9.]+ folded=(\d+) wait_ms=[0-9.]+$", log, re.M)  # fmt: skip
-    assert [int(n) for _, n, _, _ in rounds] == [1024, 1280, 1280] * 3, log[-3000:]  # the 3rd is after the last ubatch
-    assert all(int(ev) == int(n) - 768 for ev, n, _, _ in rounds)
+    rounds = ROUND.findall(log)
+    assert [(int(n), int(p), late) for _, n, _, p, _, late in rounds] == [(1024, 1023, " late=1"), (1280, 1535, " late=1")] * 3, log[-3000:]  # fmt: skip
+    assert all(int(ev) == int(n) - 768 for ev, n, *_ in rounds)
     # each key is read once: a chunk's first round reads all 1024 (the chunk started on an empty cache), later rounds
     # only the 512 written since
-    assert [int(f) for _, _, _, f in rounds] == [1024, 512, 512] * 3, log[-3000:]
+    assert [int(f) for *_, f, _ in rounds] == [1024, 512] * 3, log[-3000:]
     assert "calibrated on" in log and "query capture removed" in log
     ppl = final_ppl(log)
     assert ppl != baseline and baseline < ppl * 1.02 and ppl < baseline * 1.05, (baseline, ppl)
+
+
+def test_late_rounds_decide_as_rounds_at_once(text: Path) -> None:
+    """A late round is decided on the cells and keys a round at once sees: with LLAMA_TQ_TRIATT_LATE_DISABLE=1 the
+    same rounds come at once (plus each chunk's last, after its last ubatch), the first keeps the same positions
+    (FNV hash of the debug line) and later ones differ only through the keys of ubatches that attended to more cells.
+    Where the stream has no room for another ubatch beside the cells a round would remove (-c 1280), it is at once."""
+    flags = ("--triatt-budget", "768", "--triatt-warmup", "256", "-v", "--chunks", "2")
+    late = perplexity(text, *flags)
+    once = perplexity(text, *flags, env={"LLAMA_TQ_TRIATT_LATE_DISABLE": "1"})
+    logs = [p.stdout + p.stderr for p in (late, once)]
+    assert late.returncode == 0 and once.returncode == 0, logs[0][-2000:] + logs[1][-2000:]
+    r_late, r_once = (ROUND.findall(x) for x in logs)
+    assert [(n, p) for _, n, _, p, _, flag in r_late if flag] == [("1024", "1023"), ("1280", "1535")] * 2
+    assert [(n, p, flag) for _, n, _, p, _, flag in r_once] == [("1024", "1023", ""), ("1280", "1535", ""),
+                                                                ("1280", "2047", "")] * 2  # fmt: skip
+    k_late, k_once = (dict(KEPT.findall(x)) for x in logs)
+    assert k_late["1"] == k_once["1"] and k_late["3"] == k_once["4"], (k_late, k_once)  # each chunk's first round
+    final_ppl(logs[0])
+    tight = perplexity(text, "--triatt-budget", "768", "--triatt-warmup", "256", "-c", "1280", "--chunks", "1")
+    log = tight.stdout + tight.stderr
+    assert tight.returncode == 0, log[-2000:]
+    ev = re.findall(r"triatt: evict: evicted (\d+)/(\d+) cells .* pos=(\d+) .*wait_ms=[0-9.]+(.*)$", log, re.M)
+    # 1280 - 1024 cells free, less than a ubatch: both rounds at once (after the 2nd ubatch and the 3rd, of 256 tokens)
+    assert ev == [("256", "1024", "1023", ""), ("256", "1024", "1279", "")], log[-2000:]
 
 
 def test_default_verbosity_shows_a_summary(text: Path) -> None:

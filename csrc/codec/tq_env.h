@@ -8,6 +8,11 @@
  *                                         of in the kernel's last chunk
  *   LLAMA_TQ_KEY_BIAS_DISABLE=1           TQ keys keep a model's K bias (Qwen2) in the stored keys instead of adding
  *                                         it back exactly in attention (llama-tq-keys.h): for comparison
+ *   LLAMA_TQ_TRIATT_LATE_DISABLE=1        TriAttention decides a round after a ubatch longer than the window at once
+ *                                         (reading that ubatch's keys, waiting for the device) instead of after the
+ *                                         next ubatch (llama-triatt.h): for comparison
+ *   LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1  TriAttention copies a device cache's keys to the host as ranges of rows
+ *                                         instead of gathering the cells' rows on the device first: for comparison
  *
  * A test (tests/test_repo_layout.py) keeps every environment read of csrc/ in this file. */
 #ifndef TQ_ENV_H
@@ -19,6 +24,8 @@
 #define TQ_ENV_CUDA_PDL_DISABLE "LLAMA_TQ_CUDA_PDL_DISABLE"
 #define TQ_ENV_CUDA_FUSED_MERGE_DISABLE "LLAMA_TQ_CUDA_FUSED_MERGE_DISABLE"
 #define TQ_ENV_KEY_BIAS_DISABLE "LLAMA_TQ_KEY_BIAS_DISABLE"
+#define TQ_ENV_TRIATT_LATE_DISABLE "LLAMA_TQ_TRIATT_LATE_DISABLE"
+#define TQ_ENV_TRIATT_DEVICE_GATHER_DISABLE "LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE"
 
 /* 1 when the *_DISABLE switch is set to anything but "" or "0". */
 static inline int tq_env_flag(const char * name_DISABLE) {

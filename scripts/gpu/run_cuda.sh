@@ -24,6 +24,14 @@
 #          the overhead stage
 #   overhead  V3 eviction against none, interleaved, GPU and CPU, two protocols (EV_PROTOS, EV_NGL, EV_REPS, EV_TAG,
 #          EV_KV: cache-type flags, default f16)
+#   evict8b  TriAttention overhead where users run it (issue 46): the 8B shape (32 layers, 4096, 32/8 heads, head 128,
+#          byte vocabulary), on the GPU, caches EV8_KV (f16 tq3), EV8_REPS interleaved rounds (default 2) of:
+#          llama-perplexity -c 8192 --chunks 4 -ub 512 (none / V3 / V3 with rounds at once: LLAMA_TQ_TRIATT_LATE_DISABLE=1)
+#          and -ub 128 (none / V3), budget 4096; llama-completion decode, 4096-byte prompt, 512 tokens generated at
+#          budget 2048 (a round every 128 tokens); evict8b.txt (each run, then the ratios: scripts/gpu/evict8b.py);
+#          EV8_PROTOS picks protocols (ub512 ub128 decode)
+#   gathercheck  the device gather of a ubatch's keys against copying ranges of rows (LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1):
+#          the 8B shape, f16 and tq3, -ub 512, budget 4096: every round's kept positions (their hash, -v) must match
 #   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
@@ -353,6 +361,69 @@ stage_overhead() {
          END { for (k in keys) printf "ratio %-20s none %8.1f ms  V3 %8.1f ms  V3/none %.3f\n", k,
                    t[k, "none"] / n[k, "none"], t[k, "2"] / n[k, "2"], (t[k, "2"] / n[k, "2"]) / (t[k, "none"] / n[k, "none"]) }' \
         "$sum" | sort | tee -a "$sum"
+    return "$rc"
+}
+
+stage_evict8b() {
+    local m="$W/llama8b_bytes.gguf" kv rep proto cfg log rc=0
+    [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 32 --n-embd 4096 \
+        --n-head 32 --n-head-kv 8 --n-ff 14336 --n-ctx 40960 --byte-vocab > /dev/null || return 1
+    head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
+    head -c 4096 .gpu/wiki.test.raw > "$W/ev4k.txt"
+    local sum="$RES/evict8b.txt"
+    [ "${EV8_APPEND:-0}" = 1 ] || : > "$sum"
+    for rep in $(seq "${EV8_REPS:-2}"); do
+        for kv in ${EV8_KV:-f16 tq3}; do
+            for proto in ${EV8_PROTOS:-ub512 ub128 decode}; do
+                for cfg in none late once; do
+                    [ "$cfg" = once ] && [ "$proto" != ub512 ] && continue # rounds at once differ only after long ubatches
+                    log="$RES/ev8_${kv}_${proto}_${cfg}_$rep.log"
+                    local ev=() env=()
+                    [ "$cfg" != none ] && ev=(--triatt-budget 4096)
+                    [ "$cfg" = once ] && env=(LLAMA_TQ_TRIATT_LATE_DISABLE=1)
+                    if [ "$proto" = decode ]; then
+                        [ "$cfg" != none ] && ev=(--triatt-budget 2048)
+                        env "${env[@]}" "$bin/llama-completion" -m "$m" -f "$W/ev4k.txt" -c 8192 -n 512 -no-cnv \
+                            --no-display-prompt --temp 0 --ignore-eos -ngl 99 -fa on -lv 4 -ctk "$kv" -ctv "$kv" \
+                            "${ev[@]}" > "$log" 2>&1 < /dev/null || rc=1
+                    else
+                        env "${env[@]}" "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 8192 -b 512 \
+                            -ub "${proto#ub}" --chunks 4 -ngl 99 -fa on -lv 4 -ctk "$kv" -ctv "$kv" "${ev[@]}" \
+                            > "$log" 2>&1 || rc=1
+                    fi
+                    printf 'evict8b kv %s proto %s cfg %s rep %s | %s | %s | %s | rounds %s late %s\n' "$kv" "$proto" "$cfg" \
+                        "$rep" "$(grep -o 'total time = *[0-9.]* ms' "$log" | tail -1)" \
+                        "$(grep ' eval time' "$log" | grep -v 'prompt eval' | grep -o 'eval time = *[0-9.]* ms / *[0-9]* runs' | tail -1)" \
+                        "$(grep -o 'Final estimate: PPL = [0-9.]*' "$log")" "$(grep -c 'triatt: evict:' "$log")" \
+                        "$(grep -c 'late=1' "$log")" | tee -a "$sum"
+                done
+            done
+        done
+    done
+    python3 scripts/gpu/evict8b.py "$sum" | tee "$RES/evict8b.md"
+    return "$rc"
+}
+
+stage_gathercheck() {
+    local m="$W/llama8b_bytes.gguf" kv mode rc=0
+    [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 32 --n-embd 4096 \
+        --n-head 32 --n-head-kv 8 --n-ff 14336 --n-ctx 40960 --byte-vocab > /dev/null || return 1
+    head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
+    for kv in f16 tq3; do
+        for mode in device ranges; do
+            local env=()
+            [ "$mode" = ranges ] && env=(LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1)
+            env "${env[@]}" "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 8192 -b 512 -ub 512 --chunks 2 -ngl 99 \
+                -fa on -v -ctk "$kv" -ctv "$kv" --triatt-budget 4096 > "$W/gc_${kv}_$mode.log" 2>&1 || rc=1
+            grep -a -o 'triatt: round [0-9]* ms: .*kept=[0-9a-f]*' "$W/gc_${kv}_$mode.log" | sed 's/ ms:.*kept=/ kept=/' \
+                > "$RES/gathercheck_${kv}_$mode.txt"
+        done
+        if [ -s "$RES/gathercheck_${kv}_device.txt" ] && cmp -s "$RES/gathercheck_${kv}_device.txt" "$RES/gathercheck_${kv}_ranges.txt"; then
+            echo "gathercheck $kv: $(wc -l < "$RES/gathercheck_${kv}_device.txt") rounds, kept positions identical"
+        else
+            echo "gathercheck $kv: DIFFERENT or empty"; rc=1
+        fi
+    done
     return "$rc"
 }
 

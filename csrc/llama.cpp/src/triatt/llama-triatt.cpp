@@ -13,6 +13,7 @@
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cache.h"
 #include "llama-model.h"
+#include "tq_env.h"
 
 namespace {
 
@@ -129,7 +130,9 @@ std::unique_ptr<llama_triatt> llama_triatt::create(const llama_model & model, co
 
 llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cparams, llama_kv_cache * kv,
                            uint32_t n_seq_max, const triatt_config & cfg)
-    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)), cfg(cfg) {
+    : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)),
+      n_ubatch(cparams.n_ubatch), late_disabled(tq_env_flag(TQ_ENV_TRIATT_LATE_DISABLE) != 0),
+      device_gather_disabled(tq_env_flag(TQ_ENV_TRIATT_DEVICE_GATHER_DISABLE) != 0), cfg(cfg) {
     const auto & hp = model.hparams;
     layer_slot.assign(hp.n_layer(), -1);
     std::vector<uint32_t> ids = kv->get_layer_ids();
@@ -195,6 +198,9 @@ llama_triatt::~llama_triatt() {
             ggml_backend_event_free(ev);
         }
     }
+    for (auto & [be, ga] : gallocs) {
+        ggml_gallocr_free(ga);
+    }
     LLAMA_LOG_WARN("triatt: summary: policy=%s budget=%d rounds=%d evicted=%lld t_ms=%.1f folded=%lld\n",
                    triatt_policy_name(cfg.hybrid), cfg.budget, rounds, (long long) evicted, t_ms, (long long) folded_total);
 }
@@ -248,8 +254,16 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
         return;
     }
     const int64_t n_tok = t->ne[2];
-    rowbuf.resize((size_t) ggml_nelements(t));
-    ggml_backend_tensor_get(t, rowbuf.data(), 0, ggml_nbytes(t));
+    // the queries where they are: in place in host memory, else copied into the device's pinned host memory (the
+    // scheduler has synchronized before this callback; a copy into pageable memory is staged and several times slower)
+    const float * q = nullptr;
+    if (t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+        q = (const float *) t->data;
+    } else {
+        uint8_t * buf = slab(2 * layers.size(), ggml_nbytes(t), ggml_backend_buffer_get_type(t->buffer));
+        ggml_backend_tensor_get(t, buf, 0, ggml_nbytes(t));
+        q = (const float *) buf;
+    }
     const size_t np = (size_t) ls.head_dim / 2, m = np * (size_t) n_tok;
     if (phase_group != ls.group || phase_tokens != tokens_seen) {
         // the un-rotation's cos and sin, shared by every head and every layer of the group in this ubatch
@@ -259,13 +273,31 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
         phase_group = ls.group;
         phase_tokens = tokens_seen;
     }
+    // GQA: query heads averaged into their KV head. The device waits for this callback, so the KV heads' sums are
+    // spread over threads (each KV head's sums on one thread, in head order: the same sums whatever the split)
     const int32_t group = ls.n_head / ls.n_head_kv;
-    for (int32_t h = 0; h < ls.n_head; ++h) {  // GQA: query heads averaged into their KV head
-        const int32_t hk = h / group;
-        triatt_calib_add_ph(&ls.rope, rowbuf.data() + (size_t) h * ls.head_dim, (size_t) ls.head_dim * ls.n_head,
-                            (int32_t) n_tok, phases.data(), phases.data() + m, &ls.sum_re[hk * np], &ls.sum_im[hk * np],
-                            &ls.sum_mag[hk * np]);
-        ls.count[hk] += n_tok;
+    auto add_heads = [&](int32_t hk0, int32_t hk1) {
+        for (int32_t hk = hk0; hk < hk1; ++hk) {
+            for (int32_t h = hk * group; h < (hk + 1) * group; ++h) {
+                triatt_calib_add_ph(&ls.rope, q + (size_t) h * ls.head_dim, (size_t) ls.head_dim * ls.n_head,
+                                    (int32_t) n_tok, phases.data(), phases.data() + m, &ls.sum_re[hk * np],
+                                    &ls.sum_im[hk * np], &ls.sum_mag[hk * np]);
+            }
+            ls.count[hk] += n_tok;
+        }
+    };
+    // at least 64k query pairs a thread, at most half the context's threads (as the folds: ggml's own threads share
+    // the cores)
+    const int64_t work = (int64_t) ls.n_head * n_tok * (int64_t) np;
+    const int32_t n_thr = (int32_t) std::max<int64_t>(1, std::min<int64_t>({(int64_t) std::max(1, n_threads / 2),
+                                                                         (int64_t) ls.n_head_kv, work / 65536}));
+    std::vector<std::thread> pool;
+    for (int32_t i = 1; i < n_thr; ++i) {
+        pool.emplace_back(add_heads, ls.n_head_kv * i / n_thr, ls.n_head_kv * (i + 1) / n_thr);
+    }
+    add_heads(0, ls.n_head_kv / n_thr);
+    for (auto & th : pool) {
+        th.join();
     }
 }
 
@@ -315,8 +347,9 @@ bool llama_triatt::finish_calibration() {
 // ---- eviction ----------------------------------------------------------------------------------------------------
 
 void llama_triatt::after_ubatch() {
+    bool just_calibrated = false;
     if (!calibrated && tokens_seen >= cfg.warmup) {
-        finish_calibration();  // after the whole ubatch: every layer saw the same tokens
+        just_calibrated = finish_calibration();  // after the whole ubatch: every layer saw the same tokens
     }
     if (cfg.budget == 0) {
         return;
@@ -330,10 +363,24 @@ void llama_triatt::after_ubatch() {
         fold_pending();
         if (cur != nullptr) {
             for (const auto & [seq, cells] : newest) {
-                if (!cells.empty()) {
-                    pending.emplace_back();
-                    gather(seq, cells, 1, pending.back());
+                if (cells.empty()) {
+                    continue;
                 }
+                pending.emplace_back();
+                if (!just_calibrated) {
+                    gather(seq, cells, 1, pending.back());
+                    continue;
+                }
+                // the keys cached before the score existed: copied behind this ubatch as well, so that the first
+                // round finds them folded instead of reading them while the device waits
+                const llama_kv_cells & kc = kv->get_cells(seq);
+                std::vector<uint32_t> all;
+                for (uint32_t c = 0; c < kc.size(); ++c) {
+                    if (!kc.is_empty(c)) {
+                        all.push_back(c);
+                    }
+                }
+                gather(seq, std::move(all), 1, pending.back());
             }
             for (auto & [be, ev] : events) {  // one mark per backend, after all of this ubatch's copies
                 const bool used = std::any_of(pending.begin(), pending.end(), [be = be](const gathered & g) {
@@ -346,6 +393,7 @@ void llama_triatt::after_ubatch() {
         }
         t_ms += (ggml_time_us() - t0) / 1000.0;
     }
+    late_rounds();  // the previous ubatch's keys are folded: its rounds, while the device computes this ubatch
     for (uint32_t s = 0; s < n_seq_max; ++s) {
         const llama_kv_cells & cells = kv->get_cells((llama_seq_id) s);
         if (cells.seq_pos_get((llama_seq_id) s).size() > (size_t) cfg.budget + (size_t) cfg.divide) {
@@ -363,6 +411,7 @@ void llama_triatt::forget_keys() {
     }
     pending.clear();
     newest.clear();
+    late.clear();  // decided on keys that are gone
 }
 
 std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> llama_triatt::written_cells(const llama_ubatch & ubatch) const {
@@ -512,6 +561,9 @@ void llama_triatt::gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t 
     if (g.cells.empty()) {
         return;
     }
+    if (gather_on_device(g, set)) {
+        return;
+    }
     // K rows: in place when the cache is in host memory; from a device, only the ranges that hold these cells
     size_t max_row = 1;
     for (const auto & ls : layers) {
@@ -573,6 +625,93 @@ void llama_triatt::gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t 
         }
         g.lr.push_back(L);
     }
+}
+
+bool llama_triatt::gather_on_device(gathered & g, size_t set) {
+    // a ubatch's cells lie scattered over the cache once rounds have evicted (new cells fill the holes): copied as
+    // ranges, a 512-token ubatch of an 8B-shaped model moved ~250 MB of f16 rows to the host for 33 MB of keys
+    // (scripts/gpu/run_cuda.sh evict8b). One small graph gathers the rows first; a decode step's few cells stay ranges
+    if (device_gather_disabled || g.cells.size() < 32) {
+        return false;
+    }
+    ggml_backend_t be = nullptr;
+    for (const auto & ls : layers) {
+        if (ls.w_re.empty()) {
+            continue;
+        }
+        const ggml_tensor * k = kv->get_k_storage(ls.il);
+        if (k->buffer == nullptr || ggml_backend_buffer_is_host(k->buffer) || k->nb[1] % 4 != 0) {
+            return false;
+        }
+        ggml_backend_t b = copy_backend(k->buffer);
+        if (b == nullptr || (be != nullptr && b != be)) {
+            return false;  // no backend to order the gather behind the ubatch, or layers on several devices
+        }
+        be = b;
+    }
+    if (be == nullptr) {
+        return false;
+    }
+    auto it = std::find_if(gallocs.begin(), gallocs.end(), [be](const auto & e) { return e.first == be; });
+    if (it == gallocs.end()) {
+        gallocs.emplace_back(be, ggml_gallocr_new(ggml_backend_get_default_buffer_type(be)));
+        it = gallocs.end() - 1;
+    }
+    const size_t m = g.cells.size(), n_nodes = layers.size() + 1;
+    ggml_init_params ip = {ggml_tensor_overhead() * (2 * layers.size() + 2) + ggml_graph_overhead_custom(n_nodes, false),
+                           nullptr, true};
+    ggml_context_ptr ctx(ggml_init(ip));
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx.get(), n_nodes, false);
+    ggml_tensor * idx = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, (int64_t) m);
+    ggml_set_input(idx);
+    std::vector<ggml_tensor *> out(layers.size(), nullptr);
+    for (size_t li = 0; li < layers.size(); ++li) {
+        if (layers[li].w_re.empty()) {
+            continue;
+        }
+        ggml_tensor * k = kv->get_k_storage(layers[li].il);
+        // the stream's rows as 32-bit words over the cache's own memory (get_rows copies I32 rows as they are)
+        ggml_tensor * words = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_I32, (int64_t) (k->nb[1] / 4), k->ne[1]);
+        if (ggml_backend_tensor_alloc(k->buffer, words, (char *) k->data + g.stream * k->nb[2]) != GGML_STATUS_SUCCESS) {
+            return false;
+        }
+        out[li] = ggml_get_rows(ctx.get(), words, idx);
+        ggml_set_output(out[li]);
+        ggml_build_forward_expand(gf, out[li]);
+    }
+    if (!ggml_gallocr_alloc_graph(it->second, gf)) {
+        return false;
+    }
+    // all on the stream of the backend that computes with this cache, behind the ubatch that wrote the keys; the
+    // indices are read from g.cells, which lives until the copies are folded
+    ggml_backend_tensor_set_async(be, idx, g.cells.data(), 0, m * sizeof(int32_t));
+    if (ggml_backend_graph_compute_async(be, gf) != GGML_STATUS_SUCCESS) {
+        return false;
+    }
+    g.slab_row.resize(m);
+    for (size_t j = 0; j < m; ++j) {
+        g.slab_row[j] = j;
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+        if (out[li] == nullptr) {
+            continue;
+        }
+        const layer_stats & ls = layers[li];
+        const ggml_tensor * k = kv->get_k_storage(ls.il);
+        gathered::layer_rows L{&ls, k->type, k->ne[0], k->nb[1], nullptr, set * layers.size() + li};
+        uint8_t * buf = slab(L.slab, m * L.row_bytes, ggml_backend_buffer_get_type(k->buffer));
+        ggml_backend_tensor_get_async(be, out[li], buf, 0, m * L.row_bytes);
+        g.lr.push_back(L);
+    }
+    g.backends.push_back(be);
+    if (set == 1 && std::none_of(events.begin(), events.end(), [be](const auto & e) { return e.first == be; })) {
+        events.emplace_back(be, ggml_backend_event_new(ggml_backend_get_device(be)));  // nullptr: none
+    }
+    if (!device_gather_said) {
+        LLAMA_LOG_INFO("triatt: keys gathered on %s before their copy to the host (%zu cells)\n", ggml_backend_name(be), m);
+        device_gather_said = true;
+    }
+    return true;
 }
 
 void llama_triatt::await(const gathered & g, bool by_event) {
@@ -705,8 +844,6 @@ void llama_triatt::evict_seq(int32_t seq) {
         }
         return;
     }
-    const int64_t t0 = ggml_time_us();
-    int64_t t_gather = t0, t_await = t0, t_fold = t0, t_score = t0;
     const llama_kv_cells & cells = kv->get_cells(seq);
     std::vector<uint32_t> idx;
     std::vector<int32_t> pos;
@@ -715,23 +852,71 @@ void llama_triatt::evict_seq(int32_t seq) {
         idx.push_back(i);
     }
     const int32_t n = (int32_t) pos.size();
+    // The cells of the newest ubatch (their keys are folded after the next one): when all of them are inside the
+    // window, which keeps them anyway, they are not scored in this round, so it does not wait for the device. After a
+    // ubatch longer than the window the round is late: decided after the next ubatch is launched, when these keys are
+    // folded, on the cells as they are now (every policy alike, so that they compare at the same budget), where the
+    // stream has room for that ubatch; else it reads the keys now (waiting for the device). Either way every cell
+    // competes in the round after the ubatch that wrote it.
+    std::vector<uint8_t> fresh((size_t) n, 0);
+    const uint32_t stream = kv->get_stream(seq);
+    bool long_ubatch = false;
+    if (stream < newest.size()) {
+        const auto & nw = newest[stream].second;
+        for (int32_t c = 0; c < n; ++c) {
+            fresh[c] = std::binary_search(nw.begin(), nw.end(), idx[c]);
+            long_ubatch = long_ubatch || (fresh[c] && (int64_t) pos[c] <= (int64_t) pos.back() - cfg.window);
+        }
+    }
+    if (long_ubatch && late_ok(cells)) {
+        late.push_back({seq, std::move(idx), std::move(pos)});
+        return;
+    }
+    if (long_ubatch || !triatt_policy_scored(cfg.hybrid)) {
+        std::fill(fresh.begin(), fresh.end(), 0);  // every cell scored now (the baselines score none)
+    }
+    round(seq, idx, pos, fresh, false);
+}
+
+bool llama_triatt::late_ok(const llama_kv_cells & kc) const {
+    // the next ubatch is placed before a late round removes its cells: without room for it beside them, the
+    // context's slot search would fail where a round at once would not
+    return !late_disabled && kc.size() - kc.get_used() >= n_ubatch;
+}
+
+void llama_triatt::late_rounds() {
+    std::vector<late_round> todo;
+    todo.swap(late);
+    for (auto & r : todo) {
+        const llama_kv_cells & cells = kv->get_cells(r.seq);
+        const uint32_t stream = kv->get_stream(r.seq);
+        const auto & ws = stream < newest.size() ? newest[stream].second : std::vector<uint32_t>{};
+        // the round holds only on the cells it was decided on: a seq_rm or a memory clear since (a cell emptied,
+        // moved, or rewritten by the ubatch just launched) drops it, and the next round decides on the cells as they are
+        bool same = true;
+        for (size_t j = 0; same && j < r.idx.size(); ++j) {
+            const uint32_t c = r.idx[j];
+            same = !cells.is_empty(c) && cells.pos_get(c) == r.pos[j] && cells.seq_has(c, r.seq) &&
+                   !std::binary_search(ws.begin(), ws.end(), c);
+        }
+        if (!same) {
+            LLAMA_LOG_DEBUG("triatt: a late round of seq %d dropped: its cells changed since it was due\n", r.seq);
+            continue;
+        }
+        round(r.seq, r.idx, r.pos, std::vector<uint8_t>(r.idx.size(), 0), true);
+    }
+}
+
+void llama_triatt::round(llama_seq_id seq, const std::vector<uint32_t> & idx, const std::vector<int32_t> & pos,
+                         const std::vector<uint8_t> & fresh, bool late) {
+    const int64_t t0 = ggml_time_us();
+    int64_t t_gather = t0, t_await = t0, t_fold = t0, t_score = t0;
+    const llama_kv_cells & cells = kv->get_cells(seq);
+    const int32_t n = (int32_t) pos.size();
     const int32_t t_now = pos.back();
     std::vector<float> score((size_t) n, 0.0f);
-    if (triatt_policy_scored(cfg.hybrid)) {  // the baselines rank by position alone
-        // the cells of the newest ubatch (their keys are folded after the next one) when all of them are inside the
-        // window, which keeps them anyway: not scored in this round, so it does not wait for the device. A ubatch
-        // longer than the window competes in this round as before: its keys are read now (waiting for the device).
+    if (triatt_policy_scored(cfg.hybrid)) {
         const uint32_t stream = kv->get_stream(seq);
-        std::vector<uint8_t> fresh((size_t) n, 0);
-        bool defer = stream < newest.size();
-        for (int32_t c = 0; defer && c < n; ++c) {
-            const auto & nw = newest[stream].second;
-            fresh[c] = std::binary_search(nw.begin(), nw.end(), idx[c]);
-            defer = !fresh[c] || (int64_t) pos[c] > (int64_t) t_now - cfg.window;
-        }
-        if (!defer) {
-            std::fill(fresh.begin(), fresh.end(), 0);
-        }
         folded_keys & fk = records(stream, cells);
         std::vector<uint32_t> stale;
         for (int32_t c = 0; c < n; ++c) {
@@ -803,13 +988,19 @@ void llama_triatt::evict_seq(int32_t seq) {
     const int64_t n_folded = folded_total - folded_at_round;
     folded_at_round = folded_total;
     LLAMA_LOG_INFO("triatt: evict: evicted %d/%d cells round=%d seq=%d kept=%d budget=%d policy=%s pos=%d t_ms=%.1f "
-                   "folded=%lld wait_ms=%.1f\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget,
-                   triatt_policy_name(cfg.hybrid), t_now, ms, (long long) n_folded, wait_ms);
+                   "folded=%lld wait_ms=%.1f%s\n", n_ev, n, rounds, seq, n - n_ev, cfg.budget,
+                   triatt_policy_name(cfg.hybrid), t_now, ms, (long long) n_folded, wait_ms, late ? " late=1" : "");
     wait_ms = 0.0;
-    LLAMA_LOG_DEBUG("triatt: round %d ms: gather %.2f await %.2f fold %.2f score %.2f select %.2f seq_rm %.2f\n", rounds,
-                    (t_gather - t0) / 1e3, (t_await - t_gather) / 1e3, (t_fold - t_await) / 1e3,
+    uint64_t kept_hash = 1469598103934665603ull;  // FNV-1a of the kept positions: a round at once and late compare
+    for (int32_t c = 0; c < n; ++c) {
+        if (keep[c]) {
+            kept_hash = (kept_hash ^ (uint32_t) pos[c]) * 1099511628211ull;
+        }
+    }
+    LLAMA_LOG_DEBUG("triatt: round %d ms: gather %.2f await %.2f fold %.2f score %.2f select %.2f seq_rm %.2f kept=%016llx\n",
+                    rounds, (t_gather - t0) / 1e3, (t_await - t_gather) / 1e3, (t_fold - t_await) / 1e3,
                     (t_score - t_fold) / 1e3, (t_select - t_score) / 1e3,
-                    (ggml_time_us() - t_select) / 1e3);
+                    (ggml_time_us() - t_select) / 1e3, (unsigned long long) kept_hash);
 }
 
 // ---- the C API (include/llama-tq.h) -----------------------------------------------------------------------------------

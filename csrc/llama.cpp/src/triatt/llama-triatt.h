@@ -8,13 +8,21 @@
 //   info, one per round:    triatt: evict: evicted N/M cells round=R seq=S kept=K budget=B policy=V3 pos=P t_ms=T folded=F wait_ms=W
 //                           (P: the newest position in the sequence when the round ran; F: the cells whose keys
 //                           were read and folded since the previous round, the others' folded keys were kept from
-//                           earlier rounds; W: the time spent since then waiting for a device's copies of keys)
+//                           earlier rounds; W: the time spent since then waiting for a device's copies of keys;
+//                           a late round ends with " late=1", logged when it is applied, P the position it was decided at)
 //
 // Pipelining: the keys a ubatch writes are copied behind it (a device cache) and folded after the next ubatch is
 // launched, while the device computes it. A round after a ubatch no longer than the window (decoding; prefill in
 // short ubatches) does not need that ubatch's keys, since the window keeps its cells anyway, so it does not wait for
-// the device; after a longer ubatch the round reads its keys at once (waiting for the device), so that every cell
-// competes as soon as it is cached, on the CPU and the GPU alike.
+// the device. After a longer ubatch (every policy alike) the round is late: decided after the next ubatch is
+// launched, when the longer ubatch's keys are folded while the device computes the next one, on the cells and
+// positions the sequence had after the longer ubatch (the next ubatch's cells, newer than the round, stay). Only the
+// removal comes a ubatch later: that ubatch attends to up to a ubatch of cells more than the budget, and the
+// cache holds up to budget + divide + 2 ubatches in between. A round at once would have chosen from the same cells
+// with the same keys the first time; later rounds differ slightly, since the keys a ubatch writes depend on the
+// cells it attended to. The round is at once (reading the keys, waiting for the device) where the stream lacks room
+// for another ubatch beside the cells it would remove, or with LLAMA_TQ_TRIATT_LATE_DISABLE=1 (tq_env.h, for
+// comparison: the rounds of the measurements made before late rounds).
 //   warn (shown at the default verbosity), when the context ends:
 //                           triatt: summary: policy=V3 budget=B rounds=R evicted=N t_ms=T folded=F
 #pragma once
@@ -24,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpp.h"
 #include "llama-tq.h"
@@ -123,10 +132,26 @@ private:
     };
 
     void evict_seq(int32_t seq);
+    // One round over the cells idx (positions pos, ascending: the newest is the round's position); fresh cells (the
+    // newest ubatch's, all inside the window) are kept unscored.
+    void round(llama_seq_id seq, const std::vector<uint32_t> & idx, const std::vector<int32_t> & pos,
+               const std::vector<uint8_t> & fresh, bool late);
+    // A round decided after a ubatch longer than the window, applied after the next ubatch was launched.
+    struct late_round {
+        llama_seq_id seq = 0;
+        std::vector<uint32_t> idx;  // the sequence's cells when it was due, by position
+        std::vector<int32_t> pos;
+    };
+    bool late_ok(const llama_kv_cells & kc) const;  // room for the next ubatch beside the cells a round would remove
+    void late_rounds();  // the rounds due since the previous ubatch, on their cells (a changed one drops the round)
     void forget_written();  // the records (and previous ubatch's copies) of the cells in newest
     // the cells a ubatch wrote, per stream: a sequence of the stream (-1: none) and the cells, sorted
     std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> written_cells(const llama_ubatch & ubatch) const;
     void gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t set, gathered & g);
+    // A device cache's rows of g.cells gathered on the device (a get_rows of every scored layer's rows as 32-bit
+    // words, on the stream behind the ubatch) and copied to the slabs in one piece a layer; false where that does
+    // not apply (host cache, few cells, rows of odd size, layers on several devices) and the caller copies ranges.
+    bool gather_on_device(gathered & g, size_t set);
     void await(const gathered & g, bool by_event);  // the copies of g are done (by_event: set 1's events)
     void fold(const gathered & g, const llama_kv_cells & kc);
     folded_keys & records(uint32_t stream, const llama_kv_cells & kc);
@@ -140,6 +165,11 @@ private:
     llama_kv_cache * kv;  // the full-attention cache (the base cache of a sliding-window hybrid)
     uint32_t n_seq_max;
     int32_t n_threads;  // the context's batch threads: a round scores cell ranges in parallel
+    uint32_t n_ubatch;  // the context's ubatch size: the room a late round leaves for the next ubatch
+    bool late_disabled;  // LLAMA_TQ_TRIATT_LATE_DISABLE=1: every round at once
+    bool device_gather_disabled;  // LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1: rows copied as ranges
+    bool device_gather_said = false;  // the first device gather is logged
+    std::vector<std::pair<ggml_backend_t, ggml_gallocr_t>> gallocs;  // the device gathers' buffers, per backend
     triatt_config cfg;
     std::vector<layer_stats> layers;  // full-attention layers, in model order
     std::vector<int32_t> layer_slot;  // model layer -> index in layers, or -1
@@ -169,13 +199,13 @@ private:
         uint8_t * data = nullptr;
         size_t size = 0;
     };
-    std::vector<host_slab> slabs;  // [set * layers.size() + layer]
+    std::vector<host_slab> slabs;  // [set * layers.size() + layer], then [2 * layers.size()]: captured queries
     uint8_t * slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft);
     std::vector<gathered> pending;  // set 1: the newest ubatch's keys, per stream, folded after the next ubatch
+    std::vector<late_round> late;   // rounds due after the newest ubatch, applied after the next one
     std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> newest;  // written_cells of the newest ubatch
     std::vector<std::pair<ggml_backend_t, ggml_backend_event_t>> events;  // set 1's copies done, per backend
     ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
-    std::vector<float> rowbuf;
     std::vector<double> phases;  // calibration: cos, then sin of the ubatch's positions for one group's angles
     int32_t phase_group = -1;
     int64_t phase_tokens = -1;   // tokens_seen when they were made (one ubatch)
