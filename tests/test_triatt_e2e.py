@@ -91,6 +91,23 @@ def test_late_rounds_decide_as_rounds_at_once(text: Path) -> None:
     assert ev == [("256", "1024", "1023", ""), ("256", "1024", "1279", "")], log[-2000:]
 
 
+def test_generation_starts_on_the_budget(text: Path, tmp_path: Path) -> None:
+    """A prompt ending in a long ubatch leaves its round late; the round is applied before the first generated token
+    is placed (llama-completion, -v: the debug line), so generation attends to the budget as after a round at once."""
+    exe = shutil.which("llama-completion")
+    assert exe
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(text.read_text()[:6000])  # ~1500 tokens: ubatches of 512, 512, ~480
+    args = [exe, "-m", str(default_model()), "-f", str(prompt), "-c", "2048", "-b", "2048", "-ub", "512", "-n", "4",
+            "-no-cnv", "--no-display-prompt", "--temp", "0", "-t", "2", "-fa", "on", "-v", "--triatt-budget", "768",
+            "--triatt-warmup", "256"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert len(re.findall(r"triatt: evict: evicted \d+/\d+ cells .* late=1$", log, re.M)) == 2, log[-3000:]
+    assert "triatt: 1 late round(s) applied before a batch of 1 tokens" in log, log[-3000:]
+
+
 def test_default_verbosity_shows_a_summary(text: Path) -> None:
     """Without -lv 4 a user still sees that eviction happened: one summary line per context (rounds, cells, time)."""
     exe = shutil.which("llama-perplexity")

@@ -393,7 +393,7 @@ void llama_triatt::after_ubatch() {
         }
         t_ms += (ggml_time_us() - t0) / 1000.0;
     }
-    late_rounds();  // the previous ubatch's keys are folded: its rounds, while the device computes this ubatch
+    late_rounds(true);  // the previous ubatch's keys are folded: its rounds, while the device computes this ubatch
     for (uint32_t s = 0; s < n_seq_max; ++s) {
         const llama_kv_cells & cells = kv->get_cells((llama_seq_id) s);
         if (cells.seq_pos_get((llama_seq_id) s).size() > (size_t) cfg.budget + (size_t) cfg.divide) {
@@ -884,13 +884,26 @@ bool llama_triatt::late_ok(const llama_kv_cells & kc) const {
     return !late_disabled && kc.size() - kc.get_used() >= n_ubatch;
 }
 
-void llama_triatt::late_rounds() {
+void llama_triatt::before_batch(uint32_t n_tokens) {
+    if (late.empty() || (int64_t) n_tokens > cfg.window) {
+        return;
+    }
+    // the tool has read the long ubatch's outputs by now (it samples from them), so its keys' copies are done
+    const int64_t t0 = ggml_time_us();
+    fold_pending();
+    t_ms += (ggml_time_us() - t0) / 1000.0;
+    LLAMA_LOG_DEBUG("triatt: %zu late round(s) applied before a batch of %u tokens\n", late.size(), n_tokens);
+    late_rounds(false);
+}
+
+void llama_triatt::late_rounds(bool after_new) {
     std::vector<late_round> todo;
     todo.swap(late);
     for (auto & r : todo) {
         const llama_kv_cells & cells = kv->get_cells(r.seq);
         const uint32_t stream = kv->get_stream(r.seq);
-        const auto & ws = stream < newest.size() ? newest[stream].second : std::vector<uint32_t>{};
+        static const std::vector<uint32_t> none;
+        const auto & ws = after_new && stream < newest.size() ? newest[stream].second : none;
         // the round holds only on the cells it was decided on: a seq_rm or a memory clear since (a cell emptied,
         // moved, or rewritten by the ubatch just launched) drops it, and the next round decides on the cells as they are
         bool same = true;

@@ -62,6 +62,11 @@ public:
     // for every sequence above budget + divide.
     void after_ubatch();
 
+    // Before a batch of n_tokens is placed in the cache: the late rounds still due are applied now when the batch is
+    // no longer than the window (generation after a prompt), so that the tokens generated attend to the budget, as
+    // after a round at once. A longer batch (prefill) leaves them to its first ubatch's after_ubatch.
+    void before_batch(uint32_t n_tokens);
+
     // The cache's keys changed outside a ubatch (a K-shift, a copy between streams, a state read): every folded key
     // is read again at the next round.
     void forget_keys();
@@ -143,7 +148,9 @@ private:
         std::vector<int32_t> pos;
     };
     bool late_ok(const llama_kv_cells & kc) const;  // room for the next ubatch beside the cells a round would remove
-    void late_rounds();  // the rounds due since the previous ubatch, on their cells (a changed one drops the round)
+    // the rounds due since the previous ubatch, on their cells (a changed one drops the round; after_new: a ubatch
+    // was written since they were due, whose cells a round's must not be)
+    void late_rounds(bool after_new);
     void forget_written();  // the records (and previous ubatch's copies) of the cells in newest
     // the cells a ubatch wrote, per stream: a sequence of the stream (-1: none) and the cells, sorted
     std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> written_cells(const llama_ubatch & ubatch) const;
