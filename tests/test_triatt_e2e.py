@@ -56,7 +56,8 @@ def test_v3_evicts_and_stays_close(text: Path, kv: tuple[str, str]) -> None:
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     rounds = ROUND.findall(log)
-    assert [(int(n), int(p), late) for _, n, _, p, _, late in rounds] == [(1024, 1023, " late=1"), (1280, 1535, " late=1")] * 3, log[-3000:]  # fmt: skip
+    expect = [(1024, 1023, " late=1"), (1280, 1535, " late=1")] * 3
+    assert [(int(n), int(p), late) for _, n, _, p, _, late in rounds] == expect, log[-3000:]
     assert all(int(ev) == int(n) - 768 for ev, n, *_ in rounds)
     # each key is read once: a chunk's first round reads all 1024 (the chunk started on an empty cache), later rounds
     # only the 512 written since
@@ -118,7 +119,8 @@ def test_default_verbosity_shows_a_summary(text: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "triatt: evict:" not in proc.stderr  # the per-round lines stay at -lv 4
     (m,) = re.findall(r"triatt: summary: policy=V3 budget=768 rounds=(\d+) evicted=(\d+) t_ms=[0-9.]+", proc.stderr)
-    assert int(m[0]) == 9 and int(m[1]) == 3 * (256 + 512 + 512)
+    # late rounds (test_v3_evicts_and_stays_close): two a chunk, the third dropped when the next chunk clears the cache
+    assert int(m[0]) == 6 and int(m[1]) == 3 * (256 + 512)
 
 
 def test_env_fallback_and_flag_wins(text: Path) -> None:
