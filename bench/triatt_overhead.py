@@ -1,10 +1,12 @@
 """TriAttention V3 overhead: llama-perplexity wall time with V3 eviction vs without, interleaved in one run.
 
 Protocol: default model, wikitext-2 test, -c 4096 -b 512 --chunks 3 -fa on -t 2; V3 at 90 % retention
-(--triatt-budget 3686), calibration on the default 1024 warm-up tokens. Each round runs both, alternating which
-goes first; the ratio uses each side's fastest run. Writes bench/results/triatt_overhead.{md,json}.
+(--triatt-budget 3686; --budget-pct), calibration on the default 1024 warm-up tokens. Each round runs both,
+alternating which goes first; the ratio uses each side's fastest run. At 90 % the one round a chunk comes after its
+last ubatch (at once: the cache is full); at 50 % rounds follow 512-token ubatches during the prefill (late rounds).
+Writes bench/results/triatt_overhead{,_PCT}.{md,json} (PCT when not 90).
 
-    python bench/triatt_overhead.py [--rounds 3] [--ctx 4096]
+    python bench/triatt_overhead.py [--rounds 3] [--ctx 4096] [--budget-pct 90]
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--budget-pct", type=int, default=90, help="V3's budget in percent of the context")
     ap.add_argument("--text", type=Path, default=WIKI, help="evaluation text (default: wikitext-2 from ../shared)")
     args = ap.parse_args()
-    budget = args.ctx * 9 // 10
+    budget = args.ctx * args.budget_pct // 100
     base = ["-m", str(default_model()), "-f", str(args.text), "-c", str(args.ctx), "-b", "512", "--chunks", "3",
             "-fa", "on", "-t", "2", "-lv", "4"]  # fmt: skip
     sides = {"off": base, "V3": [*base, "--triatt-budget", str(budget), "--triatt-hybrid", "2"]}
@@ -46,7 +49,7 @@ def main() -> None:
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
             print(f"[round {r + 1}/{args.rounds}] {name} ...", end="", flush=True, file=sys.stderr)
-            wall, log = run(sides[name], ROOT / "out" / "triatt_overhead" / f"{name}_{r}.log")
+            wall, log = run(sides[name], ROOT / "out" / "triatt_overhead" / f"{name}_{args.budget_pct}_{r}.log")
             walls[name].append(round(wall, 2))
             rounds[name] = len(re.findall(r"triatt: evict: evicted ", log))
             m = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
@@ -54,6 +57,8 @@ def main() -> None:
             print(f" {wall:.1f}s", file=sys.stderr)
     ratio = min(walls["V3"]) / min(walls["off"])
     cmd = f"python bench/triatt_overhead.py --rounds {args.rounds} --ctx {args.ctx}"
+    cmd += f" --budget-pct {args.budget_pct}" if args.budget_pct != 90 else ""
+    stem = "triatt_overhead" if args.budget_pct == 90 else f"triatt_overhead_{args.budget_pct}"
     lines = [
         "# TriAttention V3 overhead (CPU, 2 threads)",
         "",
@@ -71,9 +76,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     out = ROOT / "bench" / "results"
-    (out / "triatt_overhead.md").write_text(text)
+    (out / f"{stem}.md").write_text(text)
     meta = {"command": cmd, "walls": walls, "rounds": rounds, "ppl": ppl, "ratio": ratio}
-    (out / "triatt_overhead.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 if __name__ == "__main__":
