@@ -676,6 +676,9 @@ bool llama_triatt::gather_on_device(gathered & g, size_t set) {
             return false;
         }
         out[li] = ggml_get_rows(ctx.get(), words, idx);
+        if (!ggml_backend_supports_op(be, out[li])) {
+            return false;  // a backend without an I32 get_rows: ranges
+        }
         ggml_set_output(out[li]);
         ggml_build_forward_expand(gf, out[li]);
     }
