@@ -2,11 +2,11 @@
 measurements wrote, into one JSON (bench/results/eviction_summary.json; the table is in v3_eviction.md).
 
     python bench/eviction_summary.py --cuda RUN/evict8b.json [--cuda DECODE_RUN/evict8b.json] \\
-        --cpu bench/results/triatt_overhead_50.json --kld wikitext=kld_wikitext/evict.json \\
+        --cpu bench/results/triatt_overhead.json --kld wikitext=kld_wikitext/evict.json \\
         --kld default_text=kld_default_text/evict.json > bench/results/eviction_summary.json
 
---cuda: scripts/gpu/evict8b.py's JSON (the first file given wins a key); --cpu: bench/triatt_overhead.py's; --kld:
-`llama-tq evict`'s evict.json of a text (rows with policy, budget_pct, kld).
+--cuda: scripts/gpu/evict8b.py's JSON (the first file given wins a key); --cpu: bench/triatt_overhead.py's (its
+50 % run); --kld: `llama-tq evict`'s evict.json of a text (rows with policy, budget_pct, kld).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         for key, per_cache in json.loads(f.read_text()).items():
             if key in TARGETS and key not in out:
                 out[key] = {**per_cache, "source": str(f)}
-    cpu = json.loads(a.cpu.read_text())
+    cpu = json.loads(a.cpu.read_text()).get("50")
+    if cpu is None:
+        raise SystemExit(f"{a.cpu}: no 50 % run (python bench/triatt_overhead.py --budget-pct 50)")
     out["cpu.ub512"] = {"ratio": round(cpu["ratio"], 4), "target": TARGETS["cpu.ub512"],
                         "met": cpu["ratio"] <= TARGETS["cpu.ub512"], "command": cpu["command"]}  # fmt: skip
     kld: dict[str, Any] = {}

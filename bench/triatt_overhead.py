@@ -4,7 +4,7 @@ Protocol: default model, wikitext-2 test, -c 4096 -b 512 --chunks 3 -fa on -t 2;
 (--triatt-budget 3686; --budget-pct), calibration on the default 1024 warm-up tokens. Each round runs both,
 alternating which goes first; the ratio uses each side's fastest run. At 90 % the one round a chunk comes after its
 last ubatch (at once: the cache is full); at 50 % rounds follow 512-token ubatches during the prefill (late rounds).
-Writes bench/results/triatt_overhead{,_PCT}.{md,json} (PCT when not 90).
+Writes bench/results/triatt_overhead.{md,json}: one section per budget, the other budgets' kept.
 
     python bench/triatt_overhead.py [--rounds 3] [--ctx 4096] [--budget-pct 90]
 """
@@ -58,9 +58,8 @@ def main() -> None:
     ratio = min(walls["V3"]) / min(walls["off"])
     cmd = f"python bench/triatt_overhead.py --rounds {args.rounds} --ctx {args.ctx}"
     cmd += f" --budget-pct {args.budget_pct}" if args.budget_pct != 90 else ""
-    stem = "triatt_overhead" if args.budget_pct == 90 else f"triatt_overhead_{args.budget_pct}"
     lines = [
-        "# TriAttention V3 overhead (CPU, 2 threads)",
+        f"## V3 at {args.budget_pct} %",
         "",
         f"`{cmd}`: llama-perplexity -c {args.ctx} -b 512 --chunks 3 -fa on on wikitext-2, with and without",
         f"`--triatt-budget {budget} --triatt-hybrid 2`, {args.rounds} interleaved rounds, fastest run of each.",
@@ -73,12 +72,17 @@ def main() -> None:
                      f"{rounds[name]} | {ppl[name]} |")  # fmt: skip
     verdict = "met" if ratio <= 1.02 else "NOT met"
     lines += ["", f"V3 / off wall-time ratio: **{ratio:.3f}** (target <= 1.02: {verdict})"]
-    text = "\n".join(lines) + "\n"
-    print(text)
+    section = "\n".join(lines) + "\n"
+    print(section)
     out = ROOT / "bench" / "results"
-    (out / f"{stem}.md").write_text(text)
-    meta = {"command": cmd, "walls": walls, "rounds": rounds, "ppl": ppl, "ratio": ratio}
-    (out / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    js = out / "triatt_overhead.json"
+    runs = json.loads(js.read_text()) if js.exists() else {}  # per budget percent, as a string key
+    runs[str(args.budget_pct)] = {"command": cmd, "walls": walls, "rounds": rounds, "ppl": ppl, "ratio": ratio,
+                                  "md": section}  # fmt: skip
+    js.write_text(json.dumps(runs, indent=1) + "\n")
+    order = sorted(runs, key=int, reverse=True)
+    (out / "triatt_overhead.md").write_text(
+        "# TriAttention V3 overhead (CPU, 2 threads)\n\n" + "\n".join(runs[k]["md"] for k in order))
 
 
 if __name__ == "__main__":
