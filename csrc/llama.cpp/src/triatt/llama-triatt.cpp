@@ -616,14 +616,21 @@ void llama_triatt::gather(llama_seq_id seq, std::vector<uint32_t> cells, size_t 
                 }
                 off += bytes;
             }
-            if (be != nullptr && std::find(g.backends.begin(), g.backends.end(), be) == g.backends.end()) {
-                g.backends.push_back(be);
-                if (set == 1 && std::none_of(events.begin(), events.end(), [be](const auto & e) { return e.first == be; })) {
-                    events.emplace_back(be, ggml_backend_event_new(ggml_backend_get_device(be)));  // nullptr: none
-                }
+            if (be != nullptr) {
+                copies_on(g, be, set);
             }
         }
         g.lr.push_back(L);
+    }
+}
+
+void llama_triatt::copies_on(gathered & g, ggml_backend_t be, size_t set) {
+    if (std::find(g.backends.begin(), g.backends.end(), be) != g.backends.end()) {
+        return;
+    }
+    g.backends.push_back(be);
+    if (set == 1 && std::none_of(events.begin(), events.end(), [be](const auto & e) { return e.first == be; })) {
+        events.emplace_back(be, ggml_backend_event_new(ggml_backend_get_device(be)));  // nullptr: none
     }
 }
 
@@ -706,10 +713,7 @@ bool llama_triatt::gather_on_device(gathered & g, size_t set) {
         ggml_backend_tensor_get_async(be, out[li], buf, 0, m * L.row_bytes);
         g.lr.push_back(L);
     }
-    g.backends.push_back(be);
-    if (set == 1 && std::none_of(events.begin(), events.end(), [be](const auto & e) { return e.first == be; })) {
-        events.emplace_back(be, ggml_backend_event_new(ggml_backend_get_device(be)));  // nullptr: none
-    }
+    copies_on(g, be, set);
     if (!device_gather_said) {
         LLAMA_LOG_INFO("triatt: keys gathered on %s before their copy to the host (%zu cells)\n", ggml_backend_name(be), m);
         device_gather_said = true;

@@ -159,6 +159,8 @@ private:
     // words, on the stream behind the ubatch) and copied to the slabs in one piece a layer; false where that does
     // not apply (host cache, few cells, rows of odd size, layers on several devices) and the caller copies ranges.
     bool gather_on_device(gathered & g, size_t set);
+    // g has copies queued on be: await() waits for them (set 1: by be's event, made here the first time)
+    void copies_on(gathered & g, ggml_backend_t be, size_t set);
     void await(const gathered & g, bool by_event);  // the copies of g are done (by_event: set 1's events)
     void fold(const gathered & g, const llama_kv_cells & kc);
     folded_keys & records(uint32_t stream, const llama_kv_cells & kc);
