@@ -364,11 +364,17 @@ stage_overhead() {
     return "$rc"
 }
 
+# the 8B shape with a byte vocabulary (llama-perplexity / llama-completion tokenize text), and the text they read
+llama8b_bytes_model() {
+    [ -f "$W/llama8b_bytes.gguf" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth \
+        "$W/llama8b_bytes.gguf" --n-layer 32 --n-embd 4096 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-ctx 40960 \
+        --byte-vocab > /dev/null || return 1
+    head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
+}
+
 stage_evict8b() {
     local m="$W/llama8b_bytes.gguf" kv rep proto cfg log rc=0
-    [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 32 --n-embd 4096 \
-        --n-head 32 --n-head-kv 8 --n-ff 14336 --n-ctx 40960 --byte-vocab > /dev/null || return 1
-    head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
+    llama8b_bytes_model || return 1
     head -c 4096 .gpu/wiki.test.raw > "$W/ev4k.txt"
     local sum="$RES/evict8b.txt"
     [ "${EV8_APPEND:-0}" = 1 ] || : > "$sum"
@@ -406,9 +412,7 @@ stage_evict8b() {
 
 stage_gathercheck() {
     local m="$W/llama8b_bytes.gguf" kv mode rc=0
-    [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 32 --n-embd 4096 \
-        --n-head 32 --n-head-kv 8 --n-ff 14336 --n-ctx 40960 --byte-vocab > /dev/null || return 1
-    head -c 40000 .gpu/wiki.test.raw > "$W/ev40.txt"
+    llama8b_bytes_model || return 1
     for kv in f16 tq3; do
         for mode in device ranges; do
             local env=()
