@@ -674,8 +674,8 @@ typedef struct {
 } tq3a_group;
 
 static const tq3a_group TQ3A_GROUPS[TQ3A_GROUPS_N] = {
-    {0, 32, 5, 12, TQ5_32_CENTROIDS, TQ5_32_BOUNDARIES, 0.17677669529663687f},
-    {32, 32, 4, 32, TQ4_32_CENTROIDS, TQ4_32_BOUNDARIES, 0.17677669529663687f},
+    {0, 32, 5, 12, TQ5_32_CENTROIDS, TQ5_32_BOUNDARIES, TQ_WHT_NORM_32},
+    {32, 32, 4, 32, TQ4_32_CENTROIDS, TQ4_32_BOUNDARIES, TQ_WHT_NORM_32},
     {64, 64, 3, 48, TQ3_64_CENTROIDS, TQ3_64_BOUNDARIES, TQ_WHT_NORM_64},
     {128, 128, 2, 72, TQ2_CENTROIDS, TQ2_BOUNDARIES, TQ_WHT_NORM},
 };
@@ -683,6 +683,7 @@ static const tq3a_group TQ3A_GROUPS[TQ3A_GROUPS_N] = {
 const int TQ3A_GROUP_VALUES[TQ3A_GROUPS_N] = {32, 32, 64, 128};
 
 const float *tq3a_centroids(int g) { return g >= 0 && g < TQ3A_GROUPS_N ? TQ3A_GROUPS[g].cent : NULL; }
+const float *tq3a_boundaries(int g) { return g >= 0 && g < TQ3A_GROUPS_N ? TQ3A_GROUPS[g].bounds : NULL; }
 const int TQ3A_GROUP_BITS[TQ3A_GROUPS_N] = {5, 4, 3, 2};
 
 /* Indices of one group: 5 bits: 8 indices in 5 bytes (40-bit word, index 8g+j at bit 5j); 4 bits: byte j holds

@@ -84,6 +84,8 @@ extern "C" {
 /* 1/sqrt(128): makes the Walsh-Hadamard matrix H orthonormal */
 #define TQ_WHT_NORM 0.08838834764831845f
 #define TQ_WHT_NORM_64 0.125f
+/* 1/sqrt(32): tq3a's 32-value groups */
+#define TQ_WHT_NORM_32 0.17677669529663687f
 /* 1/(3 sqrt(32)): the 96-point rotation's 32-point Hadamard and 3-point mix made orthonormal */
 #define TQ_WHT_NORM_96 0.05892556509887896f
 /* The largest scale (bfloat16 0x7e7d = 1.9765625 * 2^125): a decoded value is s * u_i with |u_i| <= ||c'||_2 <=
@@ -227,8 +229,9 @@ extern const uint32_t TQ3A_SIGNS[8];
 extern const int TQ3A_GROUP_VALUES[TQ3A_GROUPS_N];
 extern const int TQ3A_GROUP_BITS[TQ3A_GROUPS_N];
 
-/* Group g's 2^bits centroids (ascending), or NULL. */
+/* Group g's 2^bits centroids (ascending) and its 2^bits - 1 cell boundaries, or NULL. */
 const float *tq3a_centroids(int g);
+const float *tq3a_boundaries(int g);
 void tq3a_quantize_block(const float *x, void *block);
 void tq3a_dequantize_block(const void *block, float *x);
 /* Rows of k values (k a multiple of 256; ggml guarantees it), ggml's signatures. */

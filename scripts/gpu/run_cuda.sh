@@ -13,7 +13,8 @@
 #   vstep  the tensor-core kernel's V step alone, shipped vs decoded to shared memory (lab/cuda/v_step_bench.cu)
 #   ppl    llama-perplexity on the default model, CPU and GPU, f16 and tq3/tq3 (model pieces joined first)
 #   niah   `llama-tq niah` on the default model on the GPU (NIAH_CTX, NIAH_KV, NIAH_POS, NIAH_NEEDLES; NIAH_TEXT: a
-#          haystack file, e.g. the one the CPU runs used: the default, pydoc topics, follows the Python version)
+#          haystack file, e.g. the one the CPU runs used: the default, pydoc topics, follows the Python version;
+#          NIAH_EXTRA: more tool flags, e.g. --tq-keys-cal FILE for tq3a keys)
 #   bench  llama-bench on a synthetic 8-layer head-128 model, f16/q8_0/q4_0/tq4/tq3 in one run; llama_bench_ratios.md:
 #          each round's t/s ratio to the same round's f16 (repeat the types in BENCH_TYPES to interleave rounds)
 #   summary summary.json from the perf and bench stages' logs (scripts/gpu/summary.py)
@@ -36,7 +37,7 @@
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
 #   head96 the same at head size 96 (tq3 -> tq3_96; decoded by upstream's f16 kernels after a conversion)
-# Environment: OPS (ops stage op list), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for --tq-keys 0),
+# Environment: OPS (ops stage op list), OPS_P (its case filter, default tq[34]), H_TYPES / H_DEPTHS (head stages), BENCH_TYPES and PPL_RUNS (a type, or type@nokeys for --tq-keys 0),
 #   BENCH_DEPTHS, BENCH_REPS, KERNEL_MODE=perf, CUDA_ARCH, BUILD_TARGETS (build stage's ninja targets),
 #   CMAKE_EXTRA (more cmake arguments, e.g. -DCMAKE_CUDA_FLAGS=-DTQ_STAMPS after `bash lab/patch.sh apply cuda-stamps`).
 #   profile per-kernel GPU time of decode steps (ncu over llama-bench tg, CUDA graph nodes), per K/V pair;
@@ -137,7 +138,7 @@ stage_convert() { # the prefill converter's speed (lab/cuda/tq_convert_bench.cu)
 stage_ops() {
     local rc=0 op
     for op in ${OPS:-SET_ROWS GET_ROWS CPY MUL_MAT FLASH_ATTN_EXT}; do
-        "$bin/test-backend-ops" test -b CUDA0 -o "$op" -p 'tq[34]' > "$RES/ops_$op.log" 2>&1 || rc=1
+        "$bin/test-backend-ops" test -b CUDA0 -o "$op" -p "${OPS_P:-tq[34]}" > "$RES/ops_$op.log" 2>&1 || rc=1
         printf '%-15s %s\n' "$op" "$(grep -E 'tests passed|Backend CUDA0' "$RES/ops_$op.log" | tail -1)"
         grep -c 'FAIL' "$RES/ops_$op.log" | xargs printf '%-15s FAIL lines: %s\n' "$op"
     done
@@ -240,7 +241,7 @@ stage_niah() {
             # shellcheck disable=SC2086  # NIAH_TEXT: absent or one path
             PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq niah --model "$W/model.gguf" --ctx "$ctx" \
                 --kv "${NIAH_KV:-f16/f16,tq3/tq3}" --positions "${NIAH_POS:-start,middle,end}" --needle "$needle" \
-                ${NIAH_TEXT:+--text "$NIAH_TEXT"} -t 4 --extra='-ngl 99' --out "$RES/niah_${ctx}_$i" \
+                ${NIAH_TEXT:+--text "$NIAH_TEXT"} -t 4 --extra="-ngl 99${NIAH_EXTRA:+ $NIAH_EXTRA}" --out "$RES/niah_${ctx}_$i" \
                 > "$RES/niah_${ctx}_$i.txt" 2>&1 &
             pids+=($!) names+=("niah_${ctx}_$i")
             [ "${NIAH_PAR:-0}" = 1 ] || { wait "${pids[-1]}" || rc=1; }

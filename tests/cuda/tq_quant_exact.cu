@@ -1,5 +1,6 @@
 // GPU quantizer == C codec, byte for byte, on N random blocks per type (default 1,048,576; tq3, tq4, the
-// 64-value tq3_64, tq4_64 and the 96-value tq3_96, tq4_96), plus the GPU dequantizer within float tolerance of the codec's. Built with -use_fast_math like ggml-cuda, so it also proves
+// 64-value tq3_64, tq4_64, the 96-value tq3_96, tq4_96 and the 256-value key type tq3a), plus the GPU dequantizer
+// within float tolerance of the codec's (tq3a: also how many values differ in any bit). Built with -use_fast_math like ggml-cuda, so it also proves
 // that the kernel's float operations survive those flags.
 //
 //   nvcc -O2 -arch=sm_90 -use_fast_math -Icsrc/codec -Icsrc/llama.cpp/ggml/src/ggml-cuda/tq tests/cuda/tq_quant_exact.cu tq_codec.o -o tq_quant_exact
@@ -15,6 +16,7 @@
 
 #include "tq-cuda-codec.cuh"
 #include "tq-cuda-convert.cuh"
+#include "tq-cuda-tq3a.cuh"
 
 #include "cuda_check.cuh"
 
@@ -226,10 +228,115 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     return ok ? 0 : 1;
 }
 
+__global__ void k_quant_tq3a(const float * x, uint8_t * out, int64_t n, const __grid_constant__ tq3a_cu_tables tab) {
+    __shared__ tq3a_cu_tables t;
+    __shared__ tq3a_cu_qscratch sm;
+    tq3a_cu_tables_load<TQ3A_BLOCK>(t, tab, threadIdx.x);
+    __syncthreads();
+    const int64_t b = blockIdx.x; // one CTA of 256 threads per block, as ggml-cuda's SET_ROWS
+    if (b < n) {
+        tq3a_cu_quantize_block(t, x[b * TQ3A_BLOCK + threadIdx.x], out + b * TQ3A_BLOCK_BYTES, sm, threadIdx.x);
+    }
+}
+
+__global__ void k_dequant_tq3a(const uint8_t * in, float * y, int64_t n, const __grid_constant__ tq3a_cu_tables tab) {
+    __shared__ tq3a_cu_tables t;
+    tq3a_cu_tables_load<128>(t, tab, threadIdx.x);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int64_t b = (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (b >= n) {
+        return;
+    }
+    float v[TQ3A_BLOCK / 32];
+    tq3a_cu_dequantize_block(t, in + b * TQ3A_BLOCK_BYTES, v, lane);
+    for (int r = 0; r < TQ3A_BLOCK / 32; ++r) {
+        y[b * TQ3A_BLOCK + lane + 32 * r] = v[r];
+    }
+}
+
+static int check_tq3a(int64_t n) {
+    constexpr int N = TQ3A_BLOCK, bb = TQ3A_BLOCK_BYTES;
+    tq3a_cu_tables tab;
+    tq3a_cu_tables_init(&tab);
+    std::vector<float> x;
+    make_inputs(x, n, 0x54A30000u, N);
+    std::vector<uint8_t> cpu((size_t) n * bb), gpu((size_t) n * bb);
+    std::vector<float> ycpu(x.size()), ygpu(x.size());
+    const int nt = (int) std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> th;
+    for (int t = 0; t < nt; ++t) {
+        th.emplace_back([&, t] {
+            for (int64_t b = t; b < n; b += nt) {
+                tq3a_quantize_block(x.data() + b * N, cpu.data() + b * bb);
+                tq3a_dequantize_block(cpu.data() + b * bb, ycpu.data() + b * N);
+            }
+        });
+    }
+    for (auto & t : th) {
+        t.join();
+    }
+    float * dx;
+    uint8_t * dq;
+    float * dy;
+    CK(cudaMalloc(&dx, x.size() * sizeof(float)));
+    CK(cudaMalloc(&dq, gpu.size()));
+    CK(cudaMalloc(&dy, x.size() * sizeof(float)));
+    CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    k_quant_tq3a<<<(unsigned) n, N>>>(dx, dq, n, tab);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t b = 0; b < n; ++b) {
+        if (memcmp(cpu.data() + b * bb, gpu.data() + b * bb, bb) != 0) {
+            if (bad < 5) {
+                int at = 0;
+                while (cpu[b * bb + at] == gpu[b * bb + at]) {
+                    ++at;
+                }
+                fprintf(stderr, "tq3a block %lld differs from byte %d (cpu %02x gpu %02x)\n", (long long) b, at,
+                        cpu[b * bb + at], gpu[b * bb + at]);
+            }
+            ++bad;
+        }
+    }
+    CK(cudaMemcpy(dq, cpu.data(), cpu.size(), cudaMemcpyHostToDevice)); // dequantize the codec's own bytes
+    k_dequant_tq3a<<<(unsigned) ((n + 3) / 4), 128>>>(dq, dy, n, tab);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(ygpu.data(), dy, ygpu.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    int64_t nan_mismatch = 0, bits_differ = 0;
+    double max_rel = 0.0;
+    for (int64_t b = 0; b < n; ++b) {
+        double num = 0.0, den = 0.0;
+        for (int i = 0; i < N; ++i) {
+            const float c = ycpu[b * N + i], g = ygpu[b * N + i];
+            if (std::isnan(c) || std::isnan(g)) {
+                nan_mismatch += std::isnan(c) != std::isnan(g);
+                continue;
+            }
+            bits_differ += memcmp(&c, &g, 4) != 0;
+            num += ((double) c - g) * ((double) c - g);
+            den += (double) c * c;
+        }
+        if (den > 0.0) {
+            max_rel = std::max(max_rel, std::sqrt(num / den));
+        }
+    }
+    CK(cudaFree(dx));
+    CK(cudaFree(dq));
+    CK(cudaFree(dy));
+    const bool ok = bad == 0 && nan_mismatch == 0 && max_rel < 1e-6;
+    printf("tq3a: %lld blocks, quantize bytes differ in %lld; dequantize max relative L2 error %.3g, values differing "
+           "in any bit %lld, NaN mismatches %lld: %s\n",
+           (long long) n, (long long) bad, max_rel, (long long) bits_differ, (long long) nan_mismatch, ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char ** argv) {
     const int64_t n = argc > 1 ? atoll(argv[1]) : (1 << 20);
     tq_cu_tables tab;
     tq_cu_tables_init(&tab);
     return check<3, TQ_BLOCK>(n, tab) | check<4, TQ_BLOCK>(n, tab) | check<3, TQ_BLOCK_64>(n, tab) |
-           check<4, TQ_BLOCK_64>(n, tab) | check<3, TQ_BLOCK_96>(n, tab) | check<4, TQ_BLOCK_96>(n, tab);
+           check<4, TQ_BLOCK_64>(n, tab) | check<3, TQ_BLOCK_96>(n, tab) | check<4, TQ_BLOCK_96>(n, tab) |
+           check_tq3a(n);
 }

@@ -7,6 +7,7 @@
 // (80, 112, ...), and MLA caches, are refused at context creation with a message that names the head size.
 #pragma once
 
+#include "ggml-backend.h" // the device probe of llama_tq3a_dev_writes
 #include "ggml.h"
 #include "ggml-tq.h" // ggml_tq_is_tq: the TQ types, from tq_formats.h
 #include "llama-hparams.h"
@@ -28,7 +29,19 @@ inline ggml_type llama_tq_base_type(ggml_type t) {
                                                              : t;
 }
 
-// TQ3A (keys only, CPU kernels only, heads of 256, a calibration of this model): whether this context can have it,
+// Whether dev's backend writes a TQ3A cache (its SET_ROWS from f32 rows): CPU and CUDA do, Metal does not yet.
+inline bool llama_tq3a_dev_writes(ggml_backend_dev_t dev) {
+    const ggml_init_params ip = {4 * ggml_tensor_overhead(), nullptr, true}; // tensors without data: a probe
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * cache = ggml_new_tensor_2d(ctx, GGML_TYPE_TQ3A, TQ3A_BLOCK, 1);
+    ggml_tensor * op = ggml_set_rows(ctx, cache, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, TQ3A_BLOCK, 1),
+                                     ggml_new_tensor_1d(ctx, GGML_TYPE_I64, 1));
+    const bool ok = ggml_backend_dev_supports_op(dev, op);
+    ggml_free(ctx);
+    return ok;
+}
+
+// TQ3A (keys only, CPU and CUDA kernels, heads of 256, a calibration of this model): whether this context can have it,
 // after logging why not. Its block is the head, ordered by the calibration's energies and coded in four groups of
 // their own width, so the key transforms are not optional (llama-tq-keys.h) and upstream's K rotation stays off.
 inline bool llama_tq3a_check(const llama_model & model, bool is_k, bool offload_kqv) {
@@ -49,10 +62,10 @@ inline bool llama_tq3a_check(const llama_model & model, bool is_k, bool offload_
                             "over %u); use tq3 or tq4\n", __func__, TQ3A_BLOCK, il, hp.n_embd_head_k(il), hp.n_rot(il));
             return false;
         }
-        if (offload_kqv && hp.has_kv(il) &&
-            ggml_backend_dev_type(model.dev_layer((int) il)) != GGML_BACKEND_DEVICE_TYPE_CPU) {
-            LLAMA_LOG_ERROR("%s: tq3a has CPU kernels only (no GPU kernels yet): keep the KV cache on the CPU "
-                            "(--no-kv-offload / -nkvo) or use tq3 / tq4 keys\n", __func__);
+        if (offload_kqv && hp.has_kv(il) && !llama_tq3a_dev_writes(model.dev_layer((int) il))) {
+            LLAMA_LOG_ERROR("%s: %s has no tq3a kernels (CPU and CUDA have them): keep the KV cache on the CPU "
+                            "(--no-kv-offload / -nkvo) or use tq3 / tq4 keys\n", __func__,
+                            ggml_backend_dev_name(model.dev_layer((int) il)));
             return false;
         }
     }

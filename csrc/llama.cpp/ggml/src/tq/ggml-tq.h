@@ -9,8 +9,7 @@
 #include "ggml.h"
 #include "tq_codec.h"
 
-/* case labels: the storage types (TQ3A, the grouped key type with CPU kernels only, included), and the
- * rotated-query helper types */
+/* case labels: the storage types (TQ3A, the grouped key type, included), and the rotated-query helper types */
 #define GGML_TQ_CASE(name, NAME, ...) case GGML_TYPE_##NAME:
 #define GGML_TQ_TYPE_CASES TQ_FORMATS(GGML_TQ_CASE) case GGML_TYPE_TQ3A:
 #define GGML_TQ_QROT_TYPE_CASES TQ_QROT_FORMATS(GGML_TQ_CASE) case GGML_TYPE_TQ_QROT_A:
@@ -43,10 +42,10 @@
         break;
 #define GGML_TQ_QUANTIZE_CHUNK_CASES TQ_FORMATS(GGML_TQ_QUANTIZE_CASE) GGML_TQ_QUANTIZE_CASE(tq3a, TQ3A)
 
-/* TQ3A: keys only, CPU kernels only (the GPU backends have none yet, so the TQ predicate below leaves it out). */
+/* TQ3A: keys only, with kernels on the CPU and CUDA (Metal has none: its supports_op declines it). */
 static inline bool ggml_tq_is_tq3a(enum ggml_type t) { return t == GGML_TYPE_TQ3A; }
 
-/* A TQ storage type with kernels on every backend (tq3, tq4 and their 64- / 96-value variants). */
+/* A TQ storage type: tq3, tq4, their 64- / 96-value variants and tq3a. */
 static inline bool ggml_tq_is_tq(enum ggml_type t) {
     switch (t) {
         GGML_TQ_TYPE_CASES

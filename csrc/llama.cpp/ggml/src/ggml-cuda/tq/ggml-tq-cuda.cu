@@ -9,12 +9,22 @@
 #include "fattn.cuh"
 #include "tq-cuda-codec.cuh"
 #include "tq-cuda-convert.cuh"
+#include "tq-cuda-tq3a.cuh"
 #include "tq-fattn.cuh"
 
 static const tq_cu_tables & tq_tables() {
     static const tq_cu_tables t = [] {
         tq_cu_tables v;
         tq_cu_tables_init(&v);
+        return v;
+    }();
+    return t;
+}
+
+static const tq3a_cu_tables & tq3a_tables() {
+    static const tq3a_cu_tables t = [] {
+        tq3a_cu_tables v;
+        tq3a_cu_tables_init(&v);
         return v;
     }();
     return t;
@@ -174,6 +184,25 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows(const char * src,
     tq_quantize_rows_block<BITS, N, src_t, idx_t>(t, sm, src, ids, dst, sh, blockIdx.x, threadIdx.x);
 }
 
+// TQ3A keys (tq-cuda-tq3a.cuh): a CTA of 256 threads per block, as the other types' writes but with its own tables
+template <typename src_t, typename idx_t>
+static __global__ void __launch_bounds__(TQ3A_BLOCK) k_tq3a_quantize_rows(const char * src, const char * ids, char * dst,
+                                                                         const tq_rows_shape sh,
+                                                                         const __grid_constant__ tq3a_cu_tables tab) {
+    __shared__ tq3a_cu_tables t;
+    __shared__ tq3a_cu_qscratch sm;
+    tq3a_cu_tables_load<TQ3A_BLOCK>(t, tab, threadIdx.x);
+    tq_rows_pos p;
+    if (!tq_rows_locate(sh, blockIdx.x, p)) {
+        return; // uniform over the CTA
+    }
+    const int64_t row = ids ? tq_rows_id<idx_t>(ids, sh, p) : p.i1;
+    const float v = (float) reinterpret_cast<const src_t *>(src + p.i1 * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3)[p.ib * TQ3A_BLOCK + threadIdx.x];
+    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * TQ3A_BLOCK_BYTES;
+    __syncthreads(); // the tables
+    tq3a_cu_quantize_block(t, v, out, sm, threadIdx.x);
+}
+
 // A layer's K and V writes in one launch (ggml_cuda_tq_try_fuse): blocks [0, n0) quantize job 0 (bits B0), the
 // others job 1 (bits B1). A decode step's write is a few blocks, so each launch costs one block's latency.
 struct tq_rows_job {
@@ -219,6 +248,9 @@ static void tq_quantize_rows(ggml_type type, const char * src, const char * ids,
             break;
         TQ_FORMATS(TQ_QUANTIZE_CASE)
 #undef TQ_QUANTIZE_CASE
+        case GGML_TYPE_TQ3A:
+            k_tq3a_quantize_rows<src_t, idx_t><<<grid, TQ3A_BLOCK, 0, stream>>>(src, ids, dst, sh, tq3a_tables());
+            break;
         default: GGML_ABORT("not a TQ type");
     }
     CUDA_CHECK(cudaGetLastError());
@@ -257,6 +289,29 @@ static __global__ void __launch_bounds__(128) k_tq_dequantize_rows(const char * 
 }
 
 template <typename dst_t, bool IDS>
+static __global__ void __launch_bounds__(128) k_tq3a_dequantize_rows(const char * src, const char * ids, char * dst,
+                                                                     const tq_rows_shape sh,
+                                                                     const __grid_constant__ tq3a_cu_tables tab) {
+    __shared__ tq3a_cu_tables t;
+    tq3a_cu_tables_load<128>(t, tab, threadIdx.x);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    tq_rows_pos p;
+    if (!tq_rows_locate(sh, (int64_t) blockIdx.x * 4 + (threadIdx.x >> 5), p)) { // one warp per block
+        return;
+    }
+    const int64_t row = IDS ? tq_rows_id<int32_t>(ids, sh, p) : p.i1;
+    const uint8_t * blk = reinterpret_cast<const uint8_t *>(src + row * sh.s1 + p.i2 * sh.s2 + p.i3 * sh.s3) + p.ib * TQ3A_BLOCK_BYTES;
+    float y[TQ3A_BLOCK / 32];
+    tq3a_cu_dequantize_block(t, blk, y, lane);
+    dst_t * o = reinterpret_cast<dst_t *>(dst + p.i1 * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * TQ3A_BLOCK;
+#pragma unroll
+    for (int k = 0; k < TQ3A_BLOCK / 32; ++k) {
+        o[lane + 32 * k] = ggml_cuda_cast<dst_t>(y[k]);
+    }
+}
+
+template <typename dst_t, bool IDS>
 static void tq_dequantize_rows(ggml_type type, const char * src, const char * ids, char * dst, const tq_rows_shape & sh,
                                cudaStream_t stream) {
     const int64_t n = sh.nblk * sh.ne1 * sh.ne2 * sh.ne3;
@@ -271,6 +326,9 @@ static void tq_dequantize_rows(ggml_type type, const char * src, const char * id
             break;
         TQ_FORMATS(TQ_DEQUANTIZE_CASE)
 #undef TQ_DEQUANTIZE_CASE
+        case GGML_TYPE_TQ3A:
+            k_tq3a_dequantize_rows<dst_t, IDS><<<grid, 128, 0, stream>>>(src, ids, dst, sh, tq3a_tables());
+            break;
         default: GGML_ABORT("not a TQ type");
     }
     CUDA_CHECK(cudaGetLastError());
@@ -346,6 +404,7 @@ static void tq_to_nc(const void * x, T * y, int64_t ne00, int64_t ne01, int64_t 
     RET NAME(ggml_type type) {                                                          \
         switch (type) {                                                                 \
             TQ_FORMATS(TQ_GETTER_CASE_##FN##_##T)                                       \
+            TQ_GETTER_CASE_##FN##_##T(tq3a, TQ3A)                                       \
             default: return nullptr;                                                    \
         }                                                                               \
     }
@@ -700,7 +759,8 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     }
     // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
     auto is_write = [](const ggml_tensor * t) {
-        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
+        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq(t->type) && !ggml_tq_is_tq3a(t->type) && // (own kernel)
+               t->src[0]->type == GGML_TYPE_F32 &&
                t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
     };
     // the next node after `from` that is not a view (at most 4 views in between), or -1

@@ -285,6 +285,51 @@ static __device__ __forceinline__ void tq_cu_canon_sum2(const double * s, const 
     }
 }
 
+// The multiplier of one sub-block of 32 rotated values ys (shared memory), picked by one warp as the codec's
+// tq_pick_book does: lanes 2j and 2j + 1 sum the even and odd canonical accumulators of multiplier j, then an
+// (error, j) minimum over the warp picks the codec's winner (the first j with the smallest error). Every lane returns
+// it. H: the positive boundaries of the codebook (2H + 1 in all).
+template <int H>
+static __device__ __forceinline__ uint32_t tq_cu_pick_sub32(const float * ys, const float * cent, const float * bound,
+                                                            const float * sub, int lane) {
+    const uint32_t j = (uint32_t) lane >> 1;
+    const int half = lane & 1;
+    const float m = sub[j];
+    uint32_t ub[H];
+    tq_cu_scaled_upper(m, bound, ub);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // canonical accumulator 2a + half
+    float vs[TQ_SUBBLOCK / 2]; // this lane's 16 values loaded first, so the loads overlap (NOTES.md v23)
+#pragma unroll
+    for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) {
+        vs[q] = ys[2 * q + half];
+    }
+    uint32_t ks[TQ_SUBBLOCK / 2];
+#pragma unroll
+    for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) {
+        ks[q] = tq_cu_nearest(vs[q], ub);
+    }
+#pragma unroll
+    for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) { // value 2q + half: canonical accumulator q % 4
+        const float d = tq_fsub(vs[q], tq_fmul(m, cent[ks[q]]));
+        acc[q & 3] = tq_fadd(acc[q & 3], tq_fmul(d, d));
+    }
+    // ((l0+l4)+(l2+l6)) on even lanes, ((l1+l5)+(l3+l7)) on odd lanes, then even + odd
+    const float part = tq_fadd(tq_fadd(acc[0], acc[2]), tq_fadd(acc[1], acc[3]));
+    const float other = __shfl_xor_sync(0xffffffffu, part, 1);
+    float err = half ? tq_fadd(other, part) : tq_fadd(part, other);
+    uint32_t jb = j;
+#pragma unroll
+    for (int o = 2; o < 32; o <<= 1) {
+        const float eo = __shfl_xor_sync(0xffffffffu, err, o);
+        const uint32_t jo = __shfl_xor_sync(0xffffffffu, jb, o);
+        if (tq_flt(eo, err) || (!tq_flt(err, eo) && jo < jb)) {
+            err = eo;
+            jb  = jo;
+        }
+    }
+    return jb;
+}
+
 // Shared memory of one block's quantization (one CTA of 128 threads per block).
 struct tq_cu_qscratch {
     double   d[2][TQ_BLOCK]; // products for the codec's double sums
@@ -355,44 +400,7 @@ static __device__ void tq_cu_quantize_block(const tq_cu_tables & t, float x, uin
         sm.y[w][lane] = y;
         __syncthreads();
 
-        {
-            const uint32_t j = (uint32_t) lane >> 1;
-            const int half = lane & 1;
-            const float m = t.sub[j];
-            uint32_t ub[NB / 2];
-            tq_cu_scaled_upper(m, bound, ub);
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // canonical accumulator 2a + half
-            float vs[TQ_SUBBLOCK / 2]; // this lane's 16 values loaded first, so the loads overlap (NOTES.md v23)
-#pragma unroll
-            for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) {
-                vs[q] = sm.y[w][2 * q + half];
-            }
-            uint32_t ks[TQ_SUBBLOCK / 2];
-#pragma unroll
-            for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) {
-                ks[q] = tq_cu_nearest(vs[q], ub);
-            }
-#pragma unroll
-            for (int q = 0; q < TQ_SUBBLOCK / 2; ++q) { // value 2q + half: canonical accumulator q % 4
-                const float d = tq_fsub(vs[q], tq_fmul(m, cent[ks[q]]));
-                acc[q & 3] = tq_fadd(acc[q & 3], tq_fmul(d, d));
-            }
-            // ((l0+l4)+(l2+l6)) on even lanes, ((l1+l5)+(l3+l7)) on odd lanes, then even + odd
-            const float part = tq_fadd(tq_fadd(acc[0], acc[2]), tq_fadd(acc[1], acc[3]));
-            const float other = __shfl_xor_sync(0xffffffffu, part, 1);
-            float err = half ? tq_fadd(other, part) : tq_fadd(part, other);
-            uint32_t jb = j;
-#pragma unroll
-            for (int o = 2; o < 32; o <<= 1) {
-                const float eo = __shfl_xor_sync(0xffffffffu, err, o);
-                const uint32_t jo = __shfl_xor_sync(0xffffffffu, jb, o);
-                if (tq_flt(eo, err) || (!tq_flt(err, eo) && jo < jb)) {
-                    err = eo;
-                    jb  = jo;
-                }
-            }
-            pick = jb;
-        }
+        pick = tq_cu_pick_sub32<NB / 2>(sm.y[w], cent, bound, t.sub, lane);
         idx = tq_cu_nearest_scaled<NB / 2>(y, t.sub[pick], bound);
 
         // least-squares scale: the codec's canonical double sums over the block (exact products)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 47 gate 3 on the GPU: the tq3a key type's CUDA kernels checked, then the 40-cell NIAH grids of the built type
+# on the grid's own prompts (lab/key_alloc_grid.sh), and llama-perplexity GPU against CPU.
+#   here:  PIECE=55M scripts/gpu/pack.sh; bash lab/key_alloc_grid.sh prepare archived
+#          llama-tq calibrate --tokens 2048 -o out/tq3a/gemma3-270m.tqcal   (the haystack's first 2048 tokens)
+#   GPU:   the model pieces over several calls into $WORK (/root/lt), as run_cuda.sh's niah stage joins them; then
+#          bash lab/tq3a_gpu.sh check        build, exactness (tests/cuda: tq3a among the types), test-backend-ops
+#                                            of the tq3a cases
+#          bash lab/tq3a_gpu.sh grid CTX     the grid at CTX for KV (default tq3a/tq3); results in $RES, packed into
+#                                            grid_CTX.tar.gz (the device tool returns 8 files)
+#          bash lab/tq3a_gpu.sh ppl          wikitext-2, -c 2048 --chunks 8: tq3a/tq3 and tq3/tq3, GPU and CPU
+#   then:  python bench/niah_grid.py <results> (bench/results/key_allocation.md)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export RES=${RES:-${OUT:-out/cuda}}
+W=${WORK:-/root/lt}
+cal=$PWD/out/tq3a/gemma3-270m.tqcal
+mkdir -p "$RES" "$W"
+case ${1:-} in
+    check)
+        BUILD_TARGETS="test-backend-ops llama-completion llama-tokenize llama-perplexity" \
+            scripts/gpu/run_cuda.sh build exact || exit 1
+        OPS_P=tq3a scripts/gpu/run_cuda.sh ops
+        ;;
+    grid)
+        ctx=${2:?usage: lab/tq3a_gpu.sh grid CTX}
+        NIAH_EXTRA="--tq-keys-cal $cal" KV=${KV:-tq3a/tq3} bash lab/key_alloc_grid.sh run "$ctx"
+        rc=$?
+        (cd "$RES" && tar czf "grid_$ctx.tar.gz" niah_"$ctx"_* && rm -rf niah_"$ctx"_*)
+        exit "$rc"
+        ;;
+    ppl)
+        cp -n .gpu/model.part* "$W"/ 2> /dev/null
+        cat "$W"/model.part* > "$W/model.gguf"
+        for kv in tq3a/tq3 tq3/tq3 f16/f16; do
+            for ngl in 99 0; do
+                log="$RES/ppl_${kv/\//_}_ngl$ngl.log"
+                "$W/build/bin/llama-perplexity" -m "$W/model.gguf" -f .gpu/wiki.test.raw -c 2048 -b 512 --chunks 8 \
+                    -fa on -ctk "${kv%/*}" -ctv "${kv#*/}" -ngl "$ngl" -t "$(nproc)" --tq-keys-cal "$cal" > "$log" 2>&1
+                printf 'ppl %-9s ngl %-2s %s\n' "$kv" "$ngl" "$(grep 'Final estimate' "$log")"
+            done
+        done
+        ;;
+    *)
+        sed -n '2,13p' "$0" >&2
+        exit 2
+        ;;
+esac
