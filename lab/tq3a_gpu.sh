@@ -9,6 +9,8 @@
 #          bash lab/tq3a_gpu.sh grid CTX     the grid at CTX for KV (default tq3a/tq3); results in $RES, packed into
 #                                            grid_CTX.tar.gz (the device tool returns 8 files)
 #          bash lab/tq3a_gpu.sh ppl          wikitext-2, -c 2048 --chunks 8: tq3a/tq3 and tq3/tq3, GPU and CPU
+#          bash lab/tq3a_gpu.sh decode       llama-bench tg128 at depths 0 and 16384, K tq3 / tq3a / f16 (V tq3; f16
+#                                            with f16), two rounds in alternating order (needs the llama-bench target)
 #   then:  python bench/niah_grid.py <results> (bench/results/key_allocation.md)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -41,8 +43,19 @@ case ${1:-} in
             done
         done
         ;;
+    decode)
+        cp -n .gpu/model.part* "$W"/ 2> /dev/null
+        cat "$W"/model.part* > "$W/model.gguf"
+        for order in "tq3 tq3a f16" "f16 tq3a tq3"; do
+            for k in $order; do
+                v=$([ "$k" = f16 ] && echo f16 || echo tq3)
+                "$W/build/bin/llama-bench" -m "$W/model.gguf" -ngl 99 -fa 1 -ctk "$k" -ctv "$v" -p 0 -n 128 \
+                    -d 0,16384 -r 3 -o md --tq-keys-cal "$cal" 2>> "$RES/decode.err" | grep -E "tg128" | tee -a "$RES/decode.md"
+            done
+        done
+        ;;
     *)
-        sed -n '2,13p' "$0" >&2
+        sed -n '2,15p' "$0" >&2
         exit 2
         ;;
 esac
