@@ -100,6 +100,14 @@ static void make_inputs(std::vector<float> & x, int64_t n, uint64_t seed, int N)
     }
 }
 
+// The device copies of one type's check: the inputs (copied), room for the blocks and for the decoded values.
+static void device_buffers(const std::vector<float> & x, size_t bytes, float *& dx, uint8_t *& dq, float *& dy) {
+    CK(cudaMalloc(&dx, x.size() * sizeof(float)));
+    CK(cudaMalloc(&dq, bytes));
+    CK(cudaMalloc(&dy, x.size() * sizeof(float)));
+    CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
 template <int BITS, int N>
 static int check(int64_t n, const tq_cu_tables & tab) {
     const int bb = tq_cu_block_bytes_n(BITS, N);
@@ -123,10 +131,7 @@ static int check(int64_t n, const tq_cu_tables & tab) {
     float * dx;
     uint8_t * dq;
     float * dy;
-    CK(cudaMalloc(&dx, x.size() * sizeof(float)));
-    CK(cudaMalloc(&dq, gpu.size()));
-    CK(cudaMalloc(&dy, x.size() * sizeof(float)));
-    CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    device_buffers(x, gpu.size(), dx, dq, dy);
     k_quant<BITS, N><<<(unsigned) n, N>>>(dx, dq, n, tab);
     CK(cudaGetLastError());
     CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));
@@ -279,10 +284,7 @@ static int check_tq3a(int64_t n) {
     float * dx;
     uint8_t * dq;
     float * dy;
-    CK(cudaMalloc(&dx, x.size() * sizeof(float)));
-    CK(cudaMalloc(&dq, gpu.size()));
-    CK(cudaMalloc(&dy, x.size() * sizeof(float)));
-    CK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    device_buffers(x, gpu.size(), dx, dq, dy);
     k_quant_tq3a<<<(unsigned) n, N>>>(dx, dq, n, tab);
     CK(cudaGetLastError());
     CK(cudaMemcpy(gpu.data(), dq, gpu.size(), cudaMemcpyDeviceToHost));

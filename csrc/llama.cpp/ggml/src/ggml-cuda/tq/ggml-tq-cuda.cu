@@ -12,23 +12,18 @@
 #include "tq-cuda-tq3a.cuh"
 #include "tq-fattn.cuh"
 
-static const tq_cu_tables & tq_tables() {
-    static const tq_cu_tables t = [] {
-        tq_cu_tables v;
-        tq_cu_tables_init(&v);
+// The kernels' tables, filled from the C codec once (INIT: tq_cu_tables_init or tq3a_cu_tables_init).
+template <typename T, void (*INIT)(T *)>
+static const T & tq_tables_of() {
+    static const T t = [] {
+        T v;
+        INIT(&v);
         return v;
     }();
     return t;
 }
-
-static const tq3a_cu_tables & tq3a_tables() {
-    static const tq3a_cu_tables t = [] {
-        tq3a_cu_tables v;
-        tq3a_cu_tables_init(&v);
-        return v;
-    }();
-    return t;
-}
+static const tq_cu_tables & tq_tables() { return tq_tables_of<tq_cu_tables, tq_cu_tables_init>(); }
+static const tq3a_cu_tables & tq3a_tables() { return tq_tables_of<tq3a_cu_tables, tq3a_cu_tables_init>(); }
 
 // ---------------------------------------------------------------------------------------------------------
 // Quantize rows: one CTA of N threads per N-value block (N = 128, 64 for TQ3_64 / TQ4_64, 96 for TQ3_96 / TQ4_96; a decode step
