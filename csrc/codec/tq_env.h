@@ -13,6 +13,8 @@
  *                                         next ubatch (llama-triatt.h): for comparison
  *   LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1  TriAttention copies a device cache's keys to the host as ranges of rows
  *                                         instead of gathering the cells' rows on the device first: for comparison
+ *   LLAMA_TQ_TRIATT_ASYNC_CAPTURE_DISABLE=1  TriAttention sums a device's calibration queries in the scheduler's
+ *                                         callback (the device waits) instead of on threads behind it: for comparison
  *
  * A test (tests/test_repo_layout.py) keeps every environment read of csrc/ in this file. */
 #ifndef TQ_ENV_H
@@ -26,6 +28,7 @@
 #define TQ_ENV_KEY_BIAS_DISABLE "LLAMA_TQ_KEY_BIAS_DISABLE"
 #define TQ_ENV_TRIATT_LATE_DISABLE "LLAMA_TQ_TRIATT_LATE_DISABLE"
 #define TQ_ENV_TRIATT_DEVICE_GATHER_DISABLE "LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE"
+#define TQ_ENV_TRIATT_ASYNC_CAPTURE_DISABLE "LLAMA_TQ_TRIATT_ASYNC_CAPTURE_DISABLE"
 
 /* 1 when the *_DISABLE switch is set to anything but "" or "0". */
 static inline int tq_env_flag(const char * name_DISABLE) {

@@ -33,6 +33,9 @@
 #          EV8_PROTOS picks protocols (ub512 ub128 decode)
 #   gathercheck  the device gather of a ubatch's keys against copying ranges of rows (LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1):
 #          the 8B shape, f16 and tq3, -ub 512, budget 4096: every round's kept positions (their hash, -v) must match
+#   calibcheck  calibration's query sums on threads behind the device against in the scheduler's callback
+#          (LLAMA_TQ_TRIATT_ASYNC_CAPTURE_DISABLE=1): the 8B shape, CC_KV (f16), -ub 512, budget 4096, CC_REPS (2)
+#          interleaved rounds of none / async / sync: each round's kept positions and PPL must match; time ratios
 #   head64 head-size-64 synthetic model (8 layers, 32 heads, 8 KV heads, byte vocabulary): FA decode perf of
 #          f16/q8_0/q4_0/tq4_64/tq3_64, llama-bench tg/pp at H_DEPTHS with -ctk/-ctv tq3 etc. (tq3 -> tq3_64 by
 #          libllama), llama-perplexity KLD vs the GPU f16 run for q4_0 and tq3/tq4 on the GPU and tq3 on the CPU
@@ -428,6 +431,36 @@ stage_gathercheck() {
         else
             echo "gathercheck $kv: DIFFERENT or empty"; rc=1
         fi
+    done
+    return "$rc"
+}
+
+stage_calibcheck() {
+    local m="$W/llama8b_bytes.gguf" kv rep cfg log rc=0
+    llama8b_bytes_model || return 1
+    : > "$RES/calibcheck.txt"
+    for rep in $(seq "${CC_REPS:-2}"); do
+        for kv in ${CC_KV:-f16}; do
+            for cfg in none async sync; do
+                local env=() ev=(--triatt-budget 4096)
+                [ "$cfg" = none ] && ev=()
+                [ "$cfg" = sync ] && env=(LLAMA_TQ_TRIATT_ASYNC_CAPTURE_DISABLE=1)
+                log="$RES/cc_${kv}_${cfg}_$rep.log"
+                env "${env[@]}" "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 8192 -b 512 -ub 512 --chunks 4 \
+                    -ngl 99 -fa on -v -ctk "$kv" -ctv "$kv" "${ev[@]}" > "$log" 2>&1 || rc=1
+                grep -a -o 'triatt: round [0-9]* ms: .*kept=[0-9a-f]*' "$log" | sed 's/ ms:.*kept=/ kept=/' \
+                    > "$W/cc_${kv}_${cfg}_$rep.kept"
+                printf 'calibcheck kv %s cfg %s rep %s | %s | %s | %s | rounds %s\n' "$kv" "$cfg" "$rep" \
+                    "$(grep -a -o 'total time = *[0-9.]* ms' "$log" | tail -1)" "$(grep -a -o '[0-9.]* seconds per pass' "$log")" \
+                    "$(grep -a -o 'Final estimate: PPL = [0-9.]*' "$log")" "$(wc -l < "$W/cc_${kv}_${cfg}_$rep.kept")" |
+                    tee -a "$RES/calibcheck.txt"
+            done
+            if [ -s "$W/cc_${kv}_async_$rep.kept" ] && cmp -s "$W/cc_${kv}_async_$rep.kept" "$W/cc_${kv}_sync_$rep.kept"; then
+                echo "calibcheck $kv rep $rep: kept positions identical (async vs sync)" | tee -a "$RES/calibcheck.txt"
+            else
+                echo "calibcheck $kv rep $rep: kept positions DIFFERENT or empty" | tee -a "$RES/calibcheck.txt"; rc=1
+            fi
+        done
     done
     return "$rc"
 }

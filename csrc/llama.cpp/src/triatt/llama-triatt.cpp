@@ -132,7 +132,8 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
                            uint32_t n_seq_max, const triatt_config & cfg)
     : model(model), kv(kv), n_seq_max(n_seq_max), n_threads(std::max(1, (int32_t) cparams.n_threads_batch)),
       n_ubatch(cparams.n_ubatch), late_disabled(tq_env_flag(TQ_ENV_TRIATT_LATE_DISABLE) != 0),
-      device_gather_disabled(tq_env_flag(TQ_ENV_TRIATT_DEVICE_GATHER_DISABLE) != 0), cfg(cfg) {
+      device_gather_disabled(tq_env_flag(TQ_ENV_TRIATT_DEVICE_GATHER_DISABLE) != 0),
+      async_capture_disabled(tq_env_flag(TQ_ENV_TRIATT_ASYNC_CAPTURE_DISABLE) != 0), cfg(cfg) {
     const auto & hp = model.hparams;
     layer_slot.assign(hp.n_layer(), -1);
     std::vector<uint32_t> ids = kv->get_layer_ids();
@@ -193,6 +194,12 @@ llama_triatt::llama_triatt(const llama_model & model, const llama_cparams & cpar
 
 llama_triatt::~llama_triatt() {
     // the context's backends are gone by now (freeing the pinned slabs waits for copies still queued into them)
+    calib_drain();
+    for (auto & cs : calib_ring) {
+        if (cs.ev != nullptr) {
+            ggml_backend_event_free(cs.ev);
+        }
+    }
     for (auto & [be, ev] : events) {
         if (ev != nullptr) {
             ggml_backend_event_free(ev);
@@ -209,6 +216,7 @@ llama_triatt::~llama_triatt() {
 
 void llama_triatt::begin_ubatch(const llama_ubatch & ubatch, ggml_backend_sched_t sched,
                                 ggml_backend_sched_eval_callback ucb, void * uud) {
+    calib_drain();  // a ubatch that failed before after_ubatch: its sums are done before this one's start
     cur = &ubatch;
     this->sched = sched;
     if (!calibrated) {
@@ -254,33 +262,70 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
         return;
     }
     const int64_t n_tok = t->ne[2];
-    // the queries where they are: in place in host memory, else copied into the device's pinned host memory (the
-    // scheduler has synchronized before this callback; a copy into pageable memory is staged and several times slower)
-    const float * q = nullptr;
-    if (t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) {
-        q = (const float *) t->data;
-    } else {
-        uint8_t * buf = slab(2 * layers.size(), ggml_nbytes(t), ggml_backend_buffer_get_type(t->buffer));
-        ggml_backend_tensor_get(t, buf, 0, ggml_nbytes(t));
-        q = (const float *) buf;
-    }
-    const size_t np = (size_t) ls.head_dim / 2, m = np * (size_t) n_tok;
-    if (phase_group != ls.group || phase_tokens != tokens_seen) {
-        // the un-rotation's cos and sin, shared by every head and every layer of the group in this ubatch
+    const size_t m = (size_t) ls.head_dim / 2 * (size_t) n_tok;
+    if (phases == nullptr || phase_group != ls.group || phase_tokens != tokens_seen) {
+        // the un-rotation's cos and sin, shared by every head and every layer of the group in this ubatch (a new
+        // table each time: the sums still running on threads keep theirs)
         std::vector<int32_t> pos(cur->pos, cur->pos + n_tok);
-        phases.resize(2 * m);
-        triatt_calib_phases(&ls.rope, pos.data(), (int32_t) n_tok, phases.data(), phases.data() + m);
+        auto ph = std::make_shared<std::vector<double>>(2 * m);
+        triatt_calib_phases(&ls.rope, pos.data(), (int32_t) n_tok, ph->data(), ph->data() + m);
+        phases = std::move(ph);
         phase_group = ls.group;
         phase_tokens = tokens_seen;
     }
-    // GQA: query heads averaged into their KV head. The device waits for this callback, so the KV heads' sums are
-    // spread over threads (each KV head's sums on one thread, in head order: the same sums whatever the split)
+    if (t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+        add_query_sums(ls, (const float *) t->data, n_tok, *phases);  // in place in host memory
+        return;
+    }
+    // a device's queries: copied into the device's pinned host memory (into pageable memory a copy is staged and
+    // several times slower). The scheduler waits for this callback before it launches the rest of the graph, so the
+    // copy is queued behind the queries and a thread waits for it and adds the sums while the device goes on (done
+    // in the callback, the copies and sums of 64 captures held the 8B shape's GPU ~95 ms: bench/results/v3_eviction.md)
+    const size_t bytes = ggml_nbytes(t);
+    ggml_backend_t be = async_capture_disabled || sched == nullptr
+                            ? nullptr
+                            : ggml_backend_sched_get_tensor_backend(sched, const_cast<ggml_tensor *>(t));
+    if (be != nullptr) {
+        calib_ring.resize(3);
+        calib_slot & cs = calib_ring[calib_next % calib_ring.size()];
+        if (cs.th.joinable()) {
+            cs.th.join();  // the slot's previous layer is summed before its slab is reused
+        }
+        if (cs.be != be) {
+            if (cs.ev != nullptr) {
+                ggml_backend_event_free(cs.ev);
+            }
+            cs.ev = ggml_backend_event_new(ggml_backend_get_device(be));  // nullptr: a backend without events
+            cs.be = be;
+        }
+        if (cs.ev != nullptr) {
+            uint8_t * buf = slab(2 * layers.size() + 1 + calib_next % calib_ring.size(), bytes,
+                                 ggml_backend_buffer_get_type(t->buffer));
+            ggml_backend_tensor_get_async(be, t, buf, 0, bytes);
+            ggml_backend_event_record(cs.ev, be);
+            ++calib_next;
+            cs.th = std::thread([this, &ls, buf, n_tok, ph = phases, ev = cs.ev]() {
+                ggml_backend_event_synchronize(ev);
+                add_query_sums(ls, (const float *) buf, n_tok, *ph);
+            });
+            return;
+        }
+    }
+    uint8_t * buf = slab(2 * layers.size(), bytes, ggml_backend_buffer_get_type(t->buffer));
+    ggml_backend_tensor_get(t, buf, 0, bytes);  // the scheduler has synchronized before this callback
+    add_query_sums(ls, (const float *) buf, n_tok, *phases);
+}
+
+void llama_triatt::add_query_sums(layer_stats & ls, const float * q, int64_t n_tok, const std::vector<double> & ph) {
+    const size_t np = (size_t) ls.head_dim / 2, m = np * (size_t) n_tok;
+    // GQA: query heads averaged into their KV head; the KV heads' sums spread over threads (each KV head's sums on
+    // one thread, in head order: the same sums whatever the split, and whether the capture waits for them or not)
     const int32_t group = ls.n_head / ls.n_head_kv;
     auto add_heads = [&](int32_t hk0, int32_t hk1) {
         for (int32_t hk = hk0; hk < hk1; ++hk) {
             for (int32_t h = hk * group; h < (hk + 1) * group; ++h) {
                 triatt_calib_add_ph(&ls.rope, q + (size_t) h * ls.head_dim, (size_t) ls.head_dim * ls.n_head,
-                                    (int32_t) n_tok, phases.data(), phases.data() + m, &ls.sum_re[hk * np],
+                                    (int32_t) n_tok, ph.data(), ph.data() + m, &ls.sum_re[hk * np],
                                     &ls.sum_im[hk * np], &ls.sum_mag[hk * np]);
             }
             ls.count[hk] += n_tok;
@@ -298,6 +343,14 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
     add_heads(0, ls.n_head_kv / n_thr);
     for (auto & th : pool) {
         th.join();
+    }
+}
+
+void llama_triatt::calib_drain() {
+    for (auto & cs : calib_ring) {
+        if (cs.th.joinable()) {
+            cs.th.join();
+        }
     }
 }
 
@@ -347,6 +400,7 @@ bool llama_triatt::finish_calibration() {
 // ---- eviction ----------------------------------------------------------------------------------------------------
 
 void llama_triatt::after_ubatch() {
+    calib_drain();  // the ubatch's query sums, before calibration reads them
     bool just_calibrated = false;
     if (!calibrated && tokens_seen >= cfg.warmup) {
         just_calibrated = finish_calibration();  // after the whole ubatch: every layer saw the same tokens

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ggml-alloc.h"
@@ -177,6 +178,7 @@ private:
     uint32_t n_ubatch;  // the context's ubatch size: the room a late round leaves for the next ubatch
     bool late_disabled;  // LLAMA_TQ_TRIATT_LATE_DISABLE=1: every round at once
     bool device_gather_disabled;  // LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1: rows copied as ranges
+    bool async_capture_disabled;  // LLAMA_TQ_TRIATT_ASYNC_CAPTURE_DISABLE=1: a device's queries summed in the callback
     bool device_gather_said = false;  // the first device gather is logged
     std::vector<std::pair<ggml_backend_t, ggml_gallocr_t>> gallocs;  // the device gathers' buffers, per backend
     triatt_config cfg;
@@ -208,14 +210,27 @@ private:
         uint8_t * data = nullptr;
         size_t size = 0;
     };
-    std::vector<host_slab> slabs;  // [set * layers.size() + layer], then [2 * layers.size()]: captured queries
+    std::vector<host_slab> slabs;  // [set * layers.size() + layer], then captured queries: [2 * layers.size()]
+                                   // in the callback, the next 3 the calibration ring's
     uint8_t * slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft);
     std::vector<gathered> pending;  // set 1: the newest ubatch's keys, per stream, folded after the next ubatch
     std::vector<late_round> late;   // rounds due after the newest ubatch, applied after the next one
     std::vector<std::pair<llama_seq_id, std::vector<uint32_t>>> newest;  // written_cells of the newest ubatch
     std::vector<std::pair<ggml_backend_t, ggml_backend_event_t>> events;  // set 1's copies done, per backend
     ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
-    std::vector<double> phases;  // calibration: cos, then sin of the ubatch's positions for one group's angles
+    std::shared_ptr<const std::vector<double>> phases;  // calibration: cos, then sin of the ubatch's positions for
+                                                        // one group's angles
+    // calibration on a device: each captured layer's queries copied into a pinned slab of a small ring, summed by a
+    // thread that waits for the copy's event while the device computes on; all joined at the end of the ubatch
+    struct calib_slot {
+        std::thread th;
+        ggml_backend_t be = nullptr;
+        ggml_backend_event_t ev = nullptr;
+    };
+    std::vector<calib_slot> calib_ring;
+    size_t calib_next = 0;
+    void add_query_sums(layer_stats & ls, const float * q, int64_t n_tok, const std::vector<double> & ph);
+    void calib_drain();
     int32_t phase_group = -1;
     int64_t phase_tokens = -1;   // tokens_seen when they were made (one ubatch)
 };
