@@ -414,6 +414,9 @@ stage_evict8b() {
     return "$rc"
 }
 
+# every round's kept positions in a llama-tool log at -v (their hash), one line a round
+kept_positions() { grep -a -o 'triatt: round [0-9]* ms: .*kept=[0-9a-f]*' "$1" | sed 's/ ms:.*kept=/ kept=/'; }
+
 stage_gathercheck() {
     local m="$W/llama8b_bytes.gguf" kv mode rc=0
     llama8b_bytes_model || return 1
@@ -423,8 +426,7 @@ stage_gathercheck() {
             [ "$mode" = ranges ] && env=(LLAMA_TQ_TRIATT_DEVICE_GATHER_DISABLE=1)
             env "${env[@]}" "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 8192 -b 512 -ub 512 --chunks 2 -ngl 99 \
                 -fa on -v -ctk "$kv" -ctv "$kv" --triatt-budget 4096 > "$W/gc_${kv}_$mode.log" 2>&1 || rc=1
-            grep -a -o 'triatt: round [0-9]* ms: .*kept=[0-9a-f]*' "$W/gc_${kv}_$mode.log" | sed 's/ ms:.*kept=/ kept=/' \
-                > "$RES/gathercheck_${kv}_$mode.txt"
+            kept_positions "$W/gc_${kv}_$mode.log" > "$RES/gathercheck_${kv}_$mode.txt"
         done
         if [ -s "$RES/gathercheck_${kv}_device.txt" ] && cmp -s "$RES/gathercheck_${kv}_device.txt" "$RES/gathercheck_${kv}_ranges.txt"; then
             echo "gathercheck $kv: $(wc -l < "$RES/gathercheck_${kv}_device.txt") rounds, kept positions identical"
@@ -448,17 +450,20 @@ stage_calibcheck() {
                 log="$RES/cc_${kv}_${cfg}_$rep.log"
                 env "${env[@]}" "$bin/llama-perplexity" -m "$m" -f "$W/ev40.txt" -c 8192 -b 512 -ub 512 --chunks 4 \
                     -ngl 99 -fa on -v -ctk "$kv" -ctv "$kv" "${ev[@]}" > "$log" 2>&1 || rc=1
-                grep -a -o 'triatt: round [0-9]* ms: .*kept=[0-9a-f]*' "$log" | sed 's/ ms:.*kept=/ kept=/' \
-                    > "$W/cc_${kv}_${cfg}_$rep.kept"
+                kept_positions "$log" > "$W/cc_${kv}_${cfg}_$rep.kept"
                 printf 'calibcheck kv %s cfg %s rep %s | %s | %s | %s | rounds %s\n' "$kv" "$cfg" "$rep" \
                     "$(grep -a -o 'total time = *[0-9.]* ms' "$log" | tail -1)" "$(grep -a -o '[0-9.]* seconds per pass' "$log")" \
                     "$(grep -a -o 'Final estimate: PPL = [0-9.]*' "$log")" "$(wc -l < "$W/cc_${kv}_${cfg}_$rep.kept")" |
                     tee -a "$RES/calibcheck.txt"
             done
-            if [ -s "$W/cc_${kv}_async_$rep.kept" ] && cmp -s "$W/cc_${kv}_async_$rep.kept" "$W/cc_${kv}_sync_$rep.kept"; then
-                echo "calibcheck $kv rep $rep: kept positions identical (async vs sync)" | tee -a "$RES/calibcheck.txt"
+            local ppl_a ppl_s
+            ppl_a=$(grep -a -o 'Final estimate: PPL = [0-9.]*' "$RES/cc_${kv}_async_$rep.log")
+            ppl_s=$(grep -a -o 'Final estimate: PPL = [0-9.]*' "$RES/cc_${kv}_sync_$rep.log")
+            if [ -s "$W/cc_${kv}_async_$rep.kept" ] && cmp -s "$W/cc_${kv}_async_$rep.kept" "$W/cc_${kv}_sync_$rep.kept" &&
+                [ -n "$ppl_a" ] && [ "$ppl_a" = "$ppl_s" ]; then
+                echo "calibcheck $kv rep $rep: kept positions and PPL identical (async vs sync)" | tee -a "$RES/calibcheck.txt"
             else
-                echo "calibcheck $kv rep $rep: kept positions DIFFERENT or empty" | tee -a "$RES/calibcheck.txt"; rc=1
+                echo "calibcheck $kv rep $rep: kept positions or PPL DIFFERENT or empty" | tee -a "$RES/calibcheck.txt"; rc=1
             fi
         done
     done

@@ -286,8 +286,7 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
                             ? nullptr
                             : ggml_backend_sched_get_tensor_backend(sched, const_cast<ggml_tensor *>(t));
     if (be != nullptr) {
-        calib_ring.resize(3);
-        calib_slot & cs = calib_ring[calib_next % calib_ring.size()];
+        calib_slot & cs = calib_ring[calib_next % calib_ring_size];
         if (cs.th.joinable()) {
             cs.th.join();  // the slot's previous layer is summed before its slab is reused
         }
@@ -299,7 +298,7 @@ void llama_triatt::capture(layer_stats & ls, const ggml_tensor * t) {
             cs.be = be;
         }
         if (cs.ev != nullptr) {
-            uint8_t * buf = slab(2 * layers.size() + 1 + calib_next % calib_ring.size(), bytes,
+            uint8_t * buf = slab(2 * layers.size() + 1 + calib_next % calib_ring_size, bytes,
                                  ggml_backend_buffer_get_type(t->buffer));
             ggml_backend_tensor_get_async(be, t, buf, 0, bytes);
             ggml_backend_event_record(cs.ev, be);

@@ -211,7 +211,7 @@ private:
         size_t size = 0;
     };
     std::vector<host_slab> slabs;  // [set * layers.size() + layer], then captured queries: [2 * layers.size()]
-                                   // in the callback, the next 3 the calibration ring's
+                                   // in the callback, the next calib_ring_size the calibration ring's
     uint8_t * slab(size_t i, size_t bytes, ggml_backend_buffer_type_t dev_buft);
     std::vector<gathered> pending;  // set 1: the newest ubatch's keys, per stream, folded after the next ubatch
     std::vector<late_round> late;   // rounds due after the newest ubatch, applied after the next one
@@ -220,6 +220,8 @@ private:
     ggml_backend_t copy_backend(ggml_backend_buffer_t buf) const;  // the scheduler's backend on buf's device
     std::shared_ptr<const std::vector<double>> phases;  // calibration: cos, then sin of the ubatch's positions for
                                                         // one group's angles
+    int32_t phase_group = -1;
+    int64_t phase_tokens = -1;   // tokens_seen when they were made (one ubatch)
     // calibration on a device: each captured layer's queries copied into a pinned slab of a small ring, summed by a
     // thread that waits for the copy's event while the device computes on; all joined at the end of the ubatch
     struct calib_slot {
@@ -227,10 +229,9 @@ private:
         ggml_backend_t be = nullptr;
         ggml_backend_event_t ev = nullptr;
     };
-    std::vector<calib_slot> calib_ring;
+    static constexpr size_t calib_ring_size = 3;
+    std::vector<calib_slot> calib_ring = std::vector<calib_slot>(calib_ring_size);
     size_t calib_next = 0;
     void add_query_sums(layer_stats & ls, const float * q, int64_t n_tok, const std::vector<double> & ph);
     void calib_drain();
-    int32_t phase_group = -1;
-    int64_t phase_tokens = -1;   // tokens_seen when they were made (one ubatch)
 };
