@@ -11,6 +11,11 @@
 #          bash lab/tq3a_gpu.sh ppl          wikitext-2, -c 2048 --chunks 8: tq3a/tq3 and tq3/tq3, GPU and CPU
 #          bash lab/tq3a_gpu.sh decode       llama-bench tg128 at depths 0 and 16384, K tq3 / tq3a / f16 (V tq3; f16
 #                                            with f16), two rounds in alternating order (needs the llama-bench target)
+#          bash lab/tq3a_gpu.sh synth        tq3a decode without carrying the model: build, test-backend-ops FLASH_ATTN_EXT
+#                                            tq3a cases (CUDA vs CPU), then llama-bench tg128 at depths 0 and 16384 of a
+#                                            head-256 synthetic model (18 layers, 1024, 4/1 heads, generated here) with the
+#                                            calibration .gpu/h256/m.tqcal (python lab/tq3a_synth_cal.py): tq3/tq3,
+#                                            tq3a/tq3, f16/f16, two rounds in alternating order; synth.md
 #   then:  python bench/niah_grid.py <results> (bench/results/key_allocation.md)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -54,8 +59,26 @@ case ${1:-} in
             done
         done
         ;;
+    synth)
+        [ -x "$W/build/bin/llama-bench" ] || BUILD_TARGETS="test-backend-ops llama-bench" scripts/gpu/run_cuda.sh build ||
+            exit 1
+        "$W/build/bin/test-backend-ops" test -b CUDA0 -o FLASH_ATTN_EXT -p tq3a > "$RES/ops_fa_tq3a.log" 2>&1
+        grep -E 'tests passed|FAIL' "$RES/ops_fa_tq3a.log" | tail -3
+        m=$W/h256.gguf
+        [ -f "$m" ] || PYTHONPATH="$W/src/gguf-py:$PWD/python" python3 -m llama_tq.synth "$m" --n-layer 18 \
+            --n-embd 1024 --n-head 4 --n-head-kv 1 --n-ff 2048 --n-ctx 32768 --byte-vocab > /dev/null || exit 1
+        : > "$RES/synth.md"
+        for order in "tq3 tq3a f16" "f16 tq3a tq3"; do
+            for k in $order; do
+                v=$([ "$k" = f16 ] && echo f16 || echo tq3)
+                "$W/build/bin/llama-bench" -m "$m" -ngl 99 -fa 1 -ctk "$k" -ctv "$v" -p 0 \
+                    -n 128 -d 0,16384 -r 3 -o md --tq-keys-cal .gpu/h256/m.tqcal 2>> "$RES/synth.err" |
+                    grep -E "tg128" | sed "s/^/$k /" | tee -a "$RES/synth.md"
+            done
+        done
+        ;;
     *)
-        sed -n '2,15p' "$0" >&2
+        sed -n '2,20p' "$0" >&2
         exit 2
         ;;
 esac

@@ -832,13 +832,16 @@ ggml_tensor * llama_tq_keys::mat(ggml_context * ctx, const layer & L, mat_id m) 
 
 ggml_tensor * llama_tq_keys::heads_times(ggml_context * ctx, ggml_tensor * m3, ggml_tensor * x) const {
     // [D, H, T] -> [D, T, H]: ggml_mul_mat broadcasts the n_head_kv matrices over the heads in groups of H / n_head_kv,
-    // as attention maps query heads to KV heads
-    ggml_tensor * xt = ggml_cont(ctx, ggml_permute(ctx, x, 0, 2, 1, 3));
+    // as attention maps query heads to KV heads. One token (a decode step): the same bytes, so a reshape, not a copy
+    // (each copy is a launch a layer, and decode on a GPU is launch-bound)
+    const bool one = x->ne[2] == 1 && x->ne[3] == 1 && ggml_is_contiguous(x);
+    ggml_tensor * xt = one ? ggml_reshape_3d(ctx, x, x->ne[0], 1, x->ne[1]) : ggml_cont(ctx, ggml_permute(ctx, x, 0, 2, 1, 3));
     return ggml_mul_mat(ctx, m3, xt);  // row i of the matrix dotted with each vector
 }
 
 ggml_tensor * llama_tq_keys::mat_mul_heads(ggml_context * ctx, const layer & L, mat_id m, ggml_tensor * x) const {
-    return ggml_cont(ctx, ggml_permute(ctx, heads_times(ctx, mat(ctx, L, m), x), 0, 2, 1, 3));  // back to [D, H, T]
+    ggml_tensor * y = heads_times(ctx, mat(ctx, L, m), x);  // [D, T, H], back to [D, H, T]
+    return y->ne[1] == 1 ? ggml_reshape_3d(ctx, y, y->ne[0], y->ne[2], 1) : ggml_cont(ctx, ggml_permute(ctx, y, 0, 2, 1, 3));
 }
 
 // TQ3A: A = P diag(s) per KV head, P the calibration's order of RoPE pairs (falling energy, ties by pair index) cut into
