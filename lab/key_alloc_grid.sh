@@ -13,6 +13,8 @@
 #          joins them), BUILD_TARGETS="llama-completion llama-tokenize" scripts/gpu/run_cuda.sh build, then
 #          bash lab/key_alloc_grid.sh run 16384   # KV=... to choose the configurations; results in $RES
 #          KV=f16/tq3@allocp,f16/q8_0@allocp bash lab/key_alloc_grid.sh run 16384   # one profile, every layer
+#          NIAH_EXTRA="-b 16384 -ub 16384" KV=f16/tq3@allocp,f16/tq3@allocp+sink bash lab/key_alloc_grid.sh run 16384
+#                                                   # the first and newest 128 keys exact (the prompt in one ubatch)
 #   then:  python bench/niah_grid.py <results> --ref tq3/q8_0 (bench/results/key_allocation.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +48,7 @@ case ${1:-} in
         scripts/gpu/run_cuda.sh niah
         ;;
     *)
-        sed -n '2,16p' "$0" >&2
+        sed -n '2,18p' "$0" >&2
         exit 2
         ;;
 esac

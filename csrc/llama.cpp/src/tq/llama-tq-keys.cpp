@@ -472,7 +472,7 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
     for (auto & [il, L] : layers) {
         ggml_context *& ctx = by_buft[L.buft];
         if (ctx == nullptr) {
-            ggml_init_params ip = {4 * layers.size() * ggml_tensor_overhead(), nullptr, true};
+            ggml_init_params ip = {5 * layers.size() * ggml_tensor_overhead(), nullptr, true};
             ctx = ggml_init(ip);
             if (ctx == nullptr) {
                 throw std::runtime_error("failed to create the ggml context of the TQ key transforms");
@@ -486,6 +486,10 @@ void llama_tq_keys::allocate(const llama_model & model, uint32_t n_pos, uint32_t
         if (matrix) {
             L.m = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, head_dim, head_dim, L.n / head_dim, 3);
             ggml_format_name(L.m, "tq_keys_basis_l%d", il);
+        }
+        if (grouped) {
+            L.perm = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, head_dim, L.n / head_dim);
+            ggml_format_name(L.perm, "tq_keys_order_l%d", il);
         }
         if (L.kb != nullptr) {
             L.mb = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, head_dim, head_dim, L.n / head_dim);
@@ -799,7 +803,15 @@ void llama_tq_keys::apply(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result
         }
         k = ggml_sub(ctx, k, mu);
     }
-    if (equalize) {
+    if (equalize && L.perm != nullptr && k->ne[2] == 1 && k->ne[3] == 1) {
+        // TQ3A, one token (a decode step): A = P diag(s) as what it is, a MUL and a gather of channels (the same
+        // floats as the mat-mul's: one product and exact zeros), which CUDA folds into the K write with the RoPE and
+        // the SUB (ggml-tq-cuda.cu): decode is launch-bound there
+        const int64_t hkv = k->ne[1];
+        k = ggml_mul(ctx, k, row(ctx, L, ROW_S));
+        k = ggml_get_rows(ctx, ggml_reshape_4d(ctx, k, 1, head_dim, hkv, 1), L.perm);
+        k = ggml_reshape_3d(ctx, k, head_dim, hkv, 1);
+    } else if (equalize) {
         k = L.m != nullptr ? mat_mul_heads(ctx, L, MAT_A, k) : ggml_mul(ctx, k, row(ctx, L, ROW_S));
     }
 }
@@ -847,7 +859,7 @@ ggml_tensor * llama_tq_keys::mat_mul_heads(ggml_context * ctx, const layer & L, 
 // TQ3A: A = P diag(s) per KV head, P the calibration's order of RoPE pairs (falling energy, ties by pair index) cut into
 // the block's groups (16, 16, 32, 64 pairs), each group's first channels then its second ones. Exact: a permutation.
 static void tq3a_basis(const llama_tq_key_cal & cal, int32_t il, int64_t h, const float * s, int64_t d, bool neox,
-                       float * a, float * inv_t, float * inv) {
+                       float * a, float * inv_t, float * inv, int32_t * order_out) {
     const float * x = cal.energies((uint32_t) il, (uint32_t) h);
     const int64_t np = d / 2;
     std::vector<int64_t> order((size_t) np);
@@ -874,6 +886,7 @@ static void tq3a_basis(const llama_tq_key_cal & cal, int32_t il, int64_t h, cons
     std::fill(inv, inv + d * d, 0.0f);
     for (int64_t j = 0; j < d; ++j) {  // row-major: stored k'_j = s_c (k - mu)_c, q'_j = q_c / s_c, c = perm[j]
         const int64_t c = perm[(size_t) j];
+        order_out[j] = (int32_t) c;
         a[j * d + c] = s[c];
         inv_t[j * d + c] = 1.0f / s[c];
         inv[c * d + j] = 1.0f / s[c];
@@ -891,12 +904,14 @@ void llama_tq_keys::compute_basis(const llama_model & model, uint32_t n_pos, boo
         for (const auto & [il, L] : layers) {
             const int64_t hkv = L.n / head_dim;
             std::vector<float> all(3 * (size_t) hkv * dd);
+            std::vector<int32_t> order((size_t) L.n);
             for (int64_t h = 0; h < hkv; ++h) {
                 tq3a_basis(*cal, il, h, L.s.data() + h * head_dim, head_dim, rope_neox,
                            &all[(size_t) (MAT_A * hkv + h) * dd], &all[(size_t) (MAT_INV_T * hkv + h) * dd],
-                           &all[(size_t) (MAT_INV * hkv + h) * dd]);
+                           &all[(size_t) (MAT_INV * hkv + h) * dd], &order[(size_t) (h * head_dim)]);
             }
             ggml_backend_tensor_set(L.m, all.data(), 0, all.size() * sizeof(float));
+            ggml_backend_tensor_set(L.perm, order.data(), 0, order.size() * sizeof(int32_t));
             L.a_inv.assign(all.begin() + (std::ptrdiff_t) (MAT_INV * hkv * (int64_t) dd), all.end());
         }
         LLAMA_LOG_INFO("%s: TQ3A keys: each KV head's RoPE pairs ordered by the energies of %s\n", __func__,

@@ -134,6 +134,7 @@ private:
         ggml_tensor * mu = nullptr;        // F32 [n, n_seq]: each sequence's mean
         std::vector<float> s;              // host copy of s
         ggml_tensor * m = nullptr;         // key basis: F32 [D, D, n_head_kv, 3]: A, A^-T, A^-1 (row-major), or null
+        ggml_tensor * perm = nullptr;      // TQ3A: I32 [D, n_head_kv], A's order (stored channel j <- perm[j]), or null
         mutable std::vector<float> a_inv;  // host copy of A^-1 per KV head (true_keys)
         const ggml_tensor * kb = nullptr;  // the model's K bias (or fused QKV bias) when it is removed, else null
         int64_t kb_off = 0;                // K's first element in it

@@ -134,13 +134,15 @@ static __device__ __forceinline__ float tq_rope_value(const tq_rope_fold & r, in
 // Block g of a rows job: every thread of the CTA calls it (the quantizer synchronizes the CTA); the tables are in
 // shared memory (t) but not yet synchronized. mu / s (optional, one value per element of a source row): the key
 // transforms' SUB and MUL folded in, x' = (x - mu) * s, in IEEE f32 as the graph's nodes compute them. rope
-// (optional): the source row is the RoPE of rope->x's row (then src is not read).
+// (optional): the source row is the RoPE of rope->x's row (then src is not read). shadow (optional): the block's
+// bytes go there instead (k_tq3a_quantize_kv's second half).
 template <int BITS, int N, typename src_t, typename idx_t>
 static __device__ __forceinline__ void tq_quantize_rows_block(const tq_cu_tables & t, tq_cu_qscratch & sm,
                                                               const char * src, const char * ids, char * dst,
                                                               const tq_rows_shape & sh, int64_t g, int tid,
                                                               const float * mu = nullptr, const float * s = nullptr,
-                                                              const tq_rope_fold * rope = nullptr) {
+                                                              const tq_rope_fold * rope = nullptr,
+                                                              uint8_t * shadow = nullptr) {
     tq_rows_pos p;
     if (!tq_rows_locate(sh, g, p)) {
         return; // uniform over the CTA
@@ -158,7 +160,9 @@ static __device__ __forceinline__ void tq_quantize_rows_block(const tq_cu_tables
     if (s != nullptr) {
         v = tq_fmul(v, s[p.ib * N + tid]);
     }
-    uint8_t * out = reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) + p.ib * tq_cu_block_bytes_n(BITS, N);
+    uint8_t * out = shadow != nullptr ? shadow
+                                      : reinterpret_cast<uint8_t *>(dst + row * sh.d1 + p.i2 * sh.d2 + p.i3 * sh.d3) +
+                                            p.ib * tq_cu_block_bytes_n(BITS, N);
     __syncthreads(); // the tables
     if constexpr (N == TQ_BLOCK) {
         tq_cu_quantize_block<BITS>(t, v, out, sm, tid);
@@ -226,6 +230,58 @@ static __global__ void __launch_bounds__(N) k_tq_quantize_rows2(const __grid_con
         tq_quantize_rows_block<B1, N, float, idx_t>(t, sm, j1.src, j1.ids, j1.dst, j1.sh, blockIdx.x - j0.n, threadIdx.x,
                                                     j1.mu, j1.s, &j1.rope);
     }
+}
+
+// A TQ3A K write with a decode step's key transforms folded in (ggml_cuda_tq_try_fuse: the RoPE, SUB, MUL and the
+// calibrated order's GET_ROWS) and, when it follows, the layer's V write of 128-value TQ blocks (bits BV) in the same
+// launch, on CTAs of 256 threads. Blocks [0, j0.n) quantize a key head each: value c is channel order[c] of the
+// head, as the GET_ROWS gathers it. The others quantize one V block each on threads 0..127, while threads 128..255
+// quantize the same block into shared memory: the quantizer's barriers are the whole CTA's, so both halves must take
+// the same path through it (a non-finite block takes another).
+template <int BV>
+static __global__ void __launch_bounds__(TQ3A_BLOCK) k_tq3a_quantize_kv(const __grid_constant__ tq_rows_job j0,
+                                                                       const int32_t * __restrict__ order,
+                                                                       const __grid_constant__ tq_rows_job j1,
+                                                                       const __grid_constant__ tq3a_cu_tables tab3a,
+                                                                       const __grid_constant__ tq_cu_tables tab) {
+    __shared__ tq3a_cu_tables ta;
+    __shared__ tq_cu_tables t;
+    __shared__ union {
+        tq3a_cu_qscratch a;
+        tq_cu_qscratch v[2];
+    } sm;
+    __shared__ uint8_t shadow[TQ4_BLOCK_BYTES];
+    const int tid = threadIdx.x;
+    tq3a_cu_tables_load<TQ3A_BLOCK>(ta, tab3a, tid);
+    tq_cu_tables_load<TQ3A_BLOCK, tq_cu_table_words<TQ_BLOCK>()>(t, tab, tid);
+    tq_pdl_wait();
+    tq_pdl_trigger(); // the FA kernel that reads these blocks may build its tables meanwhile
+    if ((int64_t) blockIdx.x >= j0.n) { // uniform over the CTA
+        const int half = tid / TQ_BLOCK;
+        tq_quantize_rows_block<BV, TQ_BLOCK, float, int64_t>(t, sm.v[half], j1.src, j1.ids, j1.dst, j1.sh,
+                                                             blockIdx.x - j0.n, tid % TQ_BLOCK, nullptr, nullptr,
+                                                             nullptr, half != 0 ? shadow : nullptr);
+        return;
+    }
+    tq_rows_pos p;
+    if (!tq_rows_locate(j0.sh, blockIdx.x, p)) {
+        return; // uniform over the CTA
+    }
+    const int64_t row = tq_rows_id<int64_t>(j0.ids, j0.sh, p);
+    const int e = (int) p.ib * TQ3A_BLOCK + order[p.ib * TQ3A_BLOCK + tid]; // the element of the source row
+    float v = j0.rope.x != nullptr
+                  ? tq_rope_value(j0.rope, p.i1, e)
+                  : reinterpret_cast<const float *>(j0.src + p.i1 * j0.sh.s1 + p.i2 * j0.sh.s2 + p.i3 * j0.sh.s3)[e];
+    if (j0.mu != nullptr) {
+        v = tq_fsub(v, j0.mu[e]);
+    }
+    if (j0.s != nullptr) {
+        v = tq_fmul(v, j0.s[e]);
+    }
+    uint8_t * out = reinterpret_cast<uint8_t *>(j0.dst + row * j0.sh.d1 + p.i2 * j0.sh.d2 + p.i3 * j0.sh.d3) +
+                    p.ib * TQ3A_BLOCK_BYTES;
+    __syncthreads(); // the tables
+    tq3a_cu_quantize_block(ta, v, out, sm.a, tid);
 }
 
 template <typename src_t, typename idx_t>
@@ -576,9 +632,36 @@ static void tq_quantize_rows2(int b0, int b1, const tq_rows_job & j0, const tq_r
     CUDA_CHECK(cudaGetLastError());
 }
 
+// k_tq3a_quantize_kv's launch: j1.n == 0 (no V write beside it) or V of 128-value blocks with bits bv
+static void tq3a_quantize_kv(const tq_rows_job & j0, const int32_t * order, int bv, const tq_rows_job & j1,
+                             cudaStream_t stream) {
+    const dim3 grid((unsigned) (j0.n + j1.n));
+    if (bv == 4) {
+        tq_launch(k_tq3a_quantize_kv<4>, grid, TQ3A_BLOCK, stream, j0, order, j1, tq3a_tables(), tq_tables());
+    } else {
+        tq_launch(k_tq3a_quantize_kv<3>, grid, TQ3A_BLOCK, stream, j0, order, j1, tq3a_tables(), tq_tables());
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// TQ3A's calibrated order after the key transforms of a decode step (llama-tq-keys.cpp): g a GET_ROWS of x's
+// channels, x [256, H, 1] seen as [1, 256, H, 1], by an I32 order [256, H]; sets order.
+static bool tq3a_order_at(const ggml_tensor * g, const ggml_tensor * x, const int32_t *& order) {
+    const ggml_tensor * a = g->src[0], * b = g->src[1];
+    if (g->op != GGML_OP_GET_ROWS || g->type != GGML_TYPE_F32 || a == nullptr || b == nullptr ||
+        (a != x && a->view_src != x) || a->data != x->data || !ggml_is_contiguous(a) || a->ne[0] != 1 ||
+        x->ne[0] != TQ3A_BLOCK || a->ne[1] != TQ3A_BLOCK || a->ne[2] != x->ne[1] || a->ne[3] != 1 || x->ne[2] != 1 ||
+        b->type != GGML_TYPE_I32 || !ggml_is_contiguous(b) || b->ne[0] != TQ3A_BLOCK || b->ne[1] != x->ne[1] ||
+        b->ne[2] != 1 || !ggml_is_contiguous(g)) {
+        return false;
+    }
+    order = (const int32_t *) b->data;
+    return true;
+}
+
 // The key transforms in front of a K write (llama-tq-keys.cpp): k' = k - mu [* s], mu and s one row [D, H, 1]
 // broadcast over the tokens of k [D, H, T]. Node i is the SUB; on success *last is the node whose value the write
-// takes (the SUB or the MUL after it), and mu / s are set.
+// takes (the SUB or the MUL after it: llama's graphs put the view of s's row between them), and mu / s are set.
 static bool tq_key_transform_at(const ggml_cgraph * cgraph, int i, int & last, const float *& mu, const float *& s) {
     auto row_of = [](const ggml_tensor * x, const ggml_tensor * r) { // r: one contiguous f32 row of x's [D, H]
         return r->type == GGML_TYPE_F32 && ggml_is_contiguous(r) && r->ne[0] == x->ne[0] && r->ne[1] == x->ne[1] &&
@@ -592,12 +675,16 @@ static bool tq_key_transform_at(const ggml_cgraph * cgraph, int i, int & last, c
     mu = (const float *) sub->src[1]->data;
     s = nullptr;
     last = i;
-    if (i + 1 < cgraph->n_nodes) {
-        const ggml_tensor * mul = cgraph->nodes[i + 1];
+    int m = i + 1;
+    while (m < cgraph->n_nodes && m <= i + 4 && tq_is_noop(cgraph->nodes[m])) {
+        ++m;
+    }
+    if (m < cgraph->n_nodes && m <= i + 4) {
+        const ggml_tensor * mul = cgraph->nodes[m];
         if (mul->op == GGML_OP_MUL && mul->src[0] == sub && mul->type == GGML_TYPE_F32 && ggml_is_contiguous(mul) &&
             row_of(sub, mul->src[1])) {
             s = (const float *) mul->src[1]->data;
-            last = i + 1;
+            last = m;
         }
     }
     return true;
@@ -758,6 +845,10 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
                t->src[0]->type == GGML_TYPE_F32 &&
                t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
     };
+    auto is_write_a = [](const ggml_tensor * t) { // a TQ3A K write (k_tq3a_quantize_kv, after its order's gather)
+        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq3a(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
+               t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
+    };
     // the next node after `from` that is not a view (at most 4 views in between), or -1
     auto next_real = [&](int from) {
         int j = from + 1;
@@ -795,7 +886,9 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     // the key transforms folded into the K write: SUB [MUL] views SET_ROWS, where the write reads the transformed
     // keys as rows of D x H values and nothing else reads them. The SUB and MUL do not run: the write reads the
     // SUB's input (same shape, both contiguous: same offsets) and applies them itself.
+    // TQ3A keys: SUB [MUL] views GET_ROWS (the calibrated order) views SET_ROWS, the gather folded in as well.
     const float * mu = nullptr, * s = nullptr;
+    const int32_t * order = nullptr;
     const ggml_tensor * keys_in = nullptr;
     int ik = i, last = i;
     if (tq_key_transform_at(cgraph, i, last, mu, s)) {
@@ -809,10 +902,22 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
         if (ik < 0) {
             return 0;
         }
+        if (tq3a_order_at(cgraph->nodes[ik], val, order)) {
+            if (tq_read_elsewhere(cgraph, val, i, ik)) {
+                return 0;
+            }
+            val = cgraph->nodes[ik];
+            last = ik;
+            ik = next_real(ik);
+            if (ik < 0) {
+                return 0;
+            }
+        }
         const ggml_tensor * w = cgraph->nodes[ik];
-        const ggml_tensor * a = is_write(w) ? w->src[0] : nullptr;
+        const ggml_tensor * a = (order != nullptr ? is_write_a(w) : is_write(w)) ? w->src[0] : nullptr;
+        const int64_t dh = order != nullptr ? val->ne[1] * val->ne[2] : val->ne[0] * val->ne[1]; // (the gather: [1, D, H])
         if (a == nullptr || (a != val && a->view_src != val) || a->data != val->data || !ggml_is_contiguous(a) ||
-            a->ne[0] != val->ne[0] * val->ne[1] || a->ne[0] % tq_block_n_of(w->type) != 0 ||
+            a->ne[0] != dh || a->ne[0] % tq_block_n_of(w->type) != 0 ||
             tq_overlap(w, val) || tq_overlap(w, keys_in) || tq_read_elsewhere(cgraph, val, i, ik) ||
             (last != i && tq_read_elsewhere(cgraph, cgraph->nodes[i], i, ik))) {
             return 0;
@@ -824,7 +929,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
         }
     }
     const ggml_tensor * k = cgraph->nodes[ik];
-    if (!is_write(k)) {
+    if (order != nullptr ? !is_write_a(k) : !is_write(k)) {
         return 0;
     }
     const ggml_tensor * ka = k->src[0];
@@ -842,11 +947,12 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     if (roped != nullptr) {
         j0.rope = rope;
     }
-    const int b0 = tq_bits_of(k->type);
+    const int b0 = order != nullptr ? 0 : tq_bits_of(k->type);
     const int j = next_real(ik);
     const ggml_tensor * v = j >= 0 ? cgraph->nodes[j] : nullptr;
     // run side by side: neither may write what the other reads or writes
-    const bool pair = v != nullptr && is_write(v) && tq_block_n_of(v->type) == tq_block_n_of(k->type) &&
+    const bool pair = v != nullptr && is_write(v) &&
+                      tq_block_n_of(v->type) == (order != nullptr ? TQ_BLOCK : tq_block_n_of(k->type)) &&
                       !tq_overlap(k, v) && !tq_overlap(k, v->src[0]) && !tq_overlap(k, v->src[1]) &&
                       !tq_overlap(v, k->src[0]) && !tq_overlap(v, k->src[1]) &&
                       (keys_in == nullptr || !tq_overlap(v, keys_in)) &&
@@ -870,7 +976,9 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
                                  ? fa
                                  : nullptr;
     }
-    if (tq_block_n_of(k->type) == TQ_BLOCK) {
+    if (order != nullptr) {
+        tq3a_quantize_kv(j0, order, b1, j1, ctx.stream());
+    } else if (tq_block_n_of(k->type) == TQ_BLOCK) {
         tq_quantize_rows2<TQ_BLOCK>(b0, b1, j0, j1, ctx.stream());
     } else if (tq_block_n_of(k->type) == TQ_BLOCK_96) {
         tq_quantize_rows2<TQ_BLOCK_96>(b0, b1, j0, j1, ctx.stream());
