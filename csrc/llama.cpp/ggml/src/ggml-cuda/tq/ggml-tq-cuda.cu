@@ -594,6 +594,15 @@ static bool tq_is_noop(const ggml_tensor * t) {
            t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
 }
 
+// the next node after `from` that is not a view (at most 4 views in between), or -1
+static int tq_next_real(const ggml_cgraph * cgraph, int from) {
+    int j = from + 1;
+    while (j < cgraph->n_nodes && j <= from + 4 && tq_is_noop(cgraph->nodes[j])) {
+        ++j;
+    }
+    return j < cgraph->n_nodes && j <= from + 4 ? j : -1;
+}
+
 static bool tq_overlap(const ggml_tensor * a, const ggml_tensor * b) { // byte ranges of two tensors' data
     const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
@@ -675,11 +684,8 @@ static bool tq_key_transform_at(const ggml_cgraph * cgraph, int i, int & last, c
     mu = (const float *) sub->src[1]->data;
     s = nullptr;
     last = i;
-    int m = i + 1;
-    while (m < cgraph->n_nodes && m <= i + 4 && tq_is_noop(cgraph->nodes[m])) {
-        ++m;
-    }
-    if (m < cgraph->n_nodes && m <= i + 4) {
+    const int m = tq_next_real(cgraph, i);
+    if (m >= 0) {
         const ggml_tensor * mul = cgraph->nodes[m];
         if (mul->op == GGML_OP_MUL && mul->src[0] == sub && mul->type == GGML_TYPE_F32 && ggml_is_contiguous(mul) &&
             row_of(sub, mul->src[1])) {
@@ -780,9 +786,8 @@ static __global__ void __launch_bounds__(1024) k_tq_key_mean(const float * __res
 
 // Node i a CONT of the key-mean chain (see k_tq_key_mean): runs the chain in one launch and returns the nodes
 // consumed after node i, or 0.
-template <typename NextReal>
-static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i,
-                           const NextReal & next_real) {
+static int tq_try_key_mean(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    auto next_real = [&](int from) { return tq_next_real(cgraph, from); };
     const ggml_tensor * c = cgraph->nodes[i];
     const ggml_tensor * p = c->src[0];
     const ggml_tensor * x = p != nullptr ? p->src[0] : nullptr;
@@ -839,29 +844,20 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
     if (cgraph->nodes[i] != tq_fa_q_early_node) {
         tq_fa_q_early_node = nullptr; // q_early holds only for the very next computed node after the write
     }
-    // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are)
-    auto is_write = [](const ggml_tensor * t) {
-        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq(t->type) && !ggml_tq_is_tq3a(t->type) && // (own kernel)
+    // a f32 -> TQ SET_ROWS with int64 row ids (what the KV cache's writes are): of TQ3A (its own kernel,
+    // k_tq3a_quantize_kv, after its order's gather) or of the other TQ types
+    auto is_write_of = [](const ggml_tensor * t, bool tq3a) {
+        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq(t->type) && ggml_tq_is_tq3a(t->type) == tq3a &&
                t->src[0]->type == GGML_TYPE_F32 &&
                t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
     };
-    auto is_write_a = [](const ggml_tensor * t) { // a TQ3A K write (k_tq3a_quantize_kv, after its order's gather)
-        return t->op == GGML_OP_SET_ROWS && ggml_tq_is_tq3a(t->type) && t->src[0]->type == GGML_TYPE_F32 &&
-               t->src[1]->type == GGML_TYPE_I64 && (t->flags & GGML_TENSOR_FLAG_COMPUTE) != 0;
-    };
-    // the next node after `from` that is not a view (at most 4 views in between), or -1
-    auto next_real = [&](int from) {
-        int j = from + 1;
-        while (j < cgraph->n_nodes && j <= from + 4 && tq_is_noop(cgraph->nodes[j])) {
-            ++j;
-        }
-        return j < cgraph->n_nodes && j <= from + 4 ? j : -1;
-    };
+    auto is_write = [&](const ggml_tensor * t) { return is_write_of(t, false); };
+    auto next_real = [&](int from) { return tq_next_real(cgraph, from); };
     if (!ctx.stream_context().concurrent_events.empty()) {
         return 0; // (graph optimization's concurrent streams may put the nodes on different streams)
     }
     if (cgraph->nodes[i]->op == GGML_OP_CONT) {
-        return tq_try_key_mean(ctx, cgraph, i, next_real);
+        return tq_try_key_mean(ctx, cgraph, i);
     }
     const int first = i;
     // K's RoPE folded into the K write: ROPE views [SUB [MUL] views] SET_ROWS, where nothing else reads the ROPE's
@@ -914,7 +910,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
             }
         }
         const ggml_tensor * w = cgraph->nodes[ik];
-        const ggml_tensor * a = (order != nullptr ? is_write_a(w) : is_write(w)) ? w->src[0] : nullptr;
+        const ggml_tensor * a = is_write_of(w, order != nullptr) ? w->src[0] : nullptr;
         const int64_t dh = order != nullptr ? val->ne[1] * val->ne[2] : val->ne[0] * val->ne[1]; // (the gather: [1, D, H])
         if (a == nullptr || (a != val && a->view_src != val) || a->data != val->data || !ggml_is_contiguous(a) ||
             a->ne[0] != dh || a->ne[0] % tq_block_n_of(w->type) != 0 ||
@@ -929,7 +925,7 @@ int ggml_cuda_tq_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * c
         }
     }
     const ggml_tensor * k = cgraph->nodes[ik];
-    if (order != nullptr ? !is_write_a(k) : !is_write(k)) {
+    if (!is_write_of(k, order != nullptr)) {
         return 0;
     }
     const ggml_tensor * ka = k->src[0];
